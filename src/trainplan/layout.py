@@ -1,0 +1,173 @@
+"""The parallel layout: how devices split the work, validated as one object.
+
+Degrees (torchtitan's ``ParallelDims`` and Megatron-LM's ``parallel_state`` use the same)::
+
+    devices = dp · cp · tp · pp          (ep is carved out of dp · cp, as in Megatron-LM and torchtitan)
+
+    dp  data parallel (replicas; with zero >= 1 the model states are sharded over dp·cp ranks)
+    tp  tensor parallel (Megatron column/row split of every linear; sequence_parallel shards norms/dropout)
+    pp  pipeline stages (schedule 1f1b, interleaved with virtual_stages, or zero-bubble "zb")
+    cp  context parallel (sequence split across ranks; ring attention)
+    ep  expert parallel (experts split across ranks of the dp·cp group)
+
+ZeRO stages (Rajbhandari et al. 2020, Sec. 5): 0 = DDP, 1 = optimizer states sharded,
+2 = + gradients sharded, 3 = + parameters sharded (= FSDP FULL_SHARD / FSDP2 ``fully_shard``).
+Errors show the arithmetic, e.g. ``tp=3 does not divide 32 attention heads``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+from trainplan.errors import LayoutError
+from trainplan.models.spec import ModelSpec
+
+PipelineSchedule = Literal["1f1b", "interleaved", "zb"]
+PIPELINE_SCHEDULES: Final = get_args(PipelineSchedule)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    pp_schedule: PipelineSchedule = "1f1b"
+    virtual_stages: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise LayoutError(name, f"must be a positive integer, got {v!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise LayoutError("zero", f"ZeRO stage must be 0, 1, 2 or 3 (FSDP full shard = 3), got {self.zero!r}")
+        if self.pp_schedule not in PIPELINE_SCHEDULES:
+            raise LayoutError(
+                "pp_schedule", f"unknown schedule {self.pp_schedule!r}; choose {', '.join(PIPELINE_SCHEDULES)}"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise LayoutError("sequence_parallel", "sequence parallelism needs tp > 1 (it shards along the tp group)")
+        if self.virtual_stages > 1 and self.pp_schedule != "interleaved":
+            raise LayoutError(
+                "virtual_stages", f"virtual_stages={self.virtual_stages} needs --pp-schedule interleaved"
+            )
+        if self.pp_schedule == "interleaved" and self.pp == 1:
+            raise LayoutError("pp_schedule", "an interleaved schedule needs pp > 1")
+        if (self.dp * self.cp) % self.ep != 0:
+            raise LayoutError(
+                "ep", f"ep={self.ep} does not divide dp·cp = {self.dp}·{self.cp} = {self.dp * self.cp}"
+            )
+
+    @classmethod
+    def for_devices(
+        cls,
+        devices: int,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
+        zero: int = 0,
+        sequence_parallel: bool = False,
+        pp_schedule: PipelineSchedule = "1f1b",
+        virtual_stages: int = 1,
+    ) -> Layout:
+        """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
+        if not isinstance(devices, int) or devices <= 0:
+            raise LayoutError("devices", f"must be a positive integer, got {devices!r}")
+        for name, v in (("tp", tp), ("pp", pp), ("cp", cp)):
+            if not isinstance(v, int) or v <= 0:
+                raise LayoutError(name, f"must be a positive integer, got {v!r}")
+        model_parallel = tp * pp * cp
+        if devices % model_parallel != 0:
+            raise LayoutError(
+                "devices",
+                f"tp·pp·cp = {tp}·{pp}·{cp} = {model_parallel} does not divide {devices} devices; "
+                f"use a device count that is a multiple of {model_parallel}",
+            )
+        return cls(
+            dp=devices // model_parallel,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            zero=zero,
+            sequence_parallel=sequence_parallel,
+            pp_schedule=pp_schedule,
+            virtual_stages=virtual_stages,
+        )
+
+    @property
+    def num_devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks over which ZeRO/FSDP shards model states: dp·cp (Megatron distributed optimizer, FSDP2)."""
+        return self.dp * self.cp
+
+    def check_model(self, model: ModelSpec) -> None:
+        """Raise :class:`LayoutError` if the layout cannot split this model."""
+        if model.num_heads % self.tp != 0:
+            raise LayoutError("tp", f"tp={self.tp} does not divide {model.num_heads} attention heads")
+        if model.num_kv_heads % self.tp != 0 and self.tp % model.num_kv_heads != 0:
+            raise LayoutError(
+                "tp",
+                f"tp={self.tp} neither divides nor is a multiple of {model.num_kv_heads} key/value heads",
+            )
+        if self.pp > model.num_layers:
+            raise LayoutError("pp", f"pp={self.pp} exceeds the model's {model.num_layers} layers")
+        chunks = self.pp * self.virtual_stages
+        if chunks > model.num_layers:
+            raise LayoutError(
+                "virtual_stages",
+                f"pp·virtual_stages = {self.pp}·{self.virtual_stages} = {chunks} chunks exceed "
+                f"{model.num_layers} layers",
+            )
+        if self.ep > 1:
+            if model.moe is None:
+                raise LayoutError("ep", f"ep={self.ep} needs a mixture-of-experts model; {model.name} is dense")
+            if model.moe.num_experts % self.ep != 0:
+                raise LayoutError("ep", f"ep={self.ep} does not divide {model.moe.num_experts} experts")
+        ffn = model.ffn_hidden
+        if ffn and ffn % self.tp != 0:
+            raise LayoutError("tp", f"tp={self.tp} does not divide the MLP width {ffn}")
+        if model.moe is not None and model.moe.expert_ffn_hidden % self.tp != 0:
+            raise LayoutError("tp", f"tp={self.tp} does not divide the expert MLP width {model.moe.expert_ffn_hidden}")
+
+    def check_batch(self, *, seq_len: int, micro_batch: int, global_batch: int | None) -> int:
+        """Validate batch arithmetic; return micro-batches per step per pipeline (gradient accumulation)."""
+        if seq_len % self.cp != 0:
+            raise LayoutError("cp", f"cp={self.cp} does not divide the sequence length {seq_len}")
+        if self.sequence_parallel and (seq_len // self.cp) % self.tp != 0:
+            raise LayoutError(
+                "sequence_parallel", f"tp={self.tp} does not divide the per-rank sequence {seq_len // self.cp}"
+            )
+        if global_batch is None:
+            return 1
+        per_step = self.dp * micro_batch
+        if global_batch % per_step != 0:
+            raise LayoutError(
+                "global_batch",
+                f"global batch {global_batch} is not a multiple of dp·micro_batch = {self.dp}·{micro_batch} = "
+                f"{per_step}",
+            )
+        return global_batch // per_step
+
+    def describe(self) -> str:
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
+        parts.append(f"zero={self.zero}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.pp > 1:
+            parts.append(self.pp_schedule + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else ""))
+        return " ".join(parts)

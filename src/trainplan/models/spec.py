@@ -1,0 +1,133 @@
+"""The transformer architecture type.
+
+One frozen, validated dataclass describes every decoder-only model trainplan knows: dense
+(GPT-2, Llama, Mistral, Qwen, Gemma) and MoE (Mixtral, Qwen-MoE, DeepSeek-style shared experts).
+Shapes use the notation of the docs:
+
+    L  num_layers          h  hidden_size        a  num_heads
+    k  num_kv_heads        d  head_dim           f  ffn_hidden (dense MLP width)
+    V  vocab_size          E  moe.num_experts    K  moe.top_k
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainplan.errors import ModelError
+
+Activation = Literal["gelu", "swiglu", "geglu", "relu"]
+Norm = Literal["layernorm", "rmsnorm"]
+Position = Literal["rope", "learned", "alibi", "none"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward, replacing the dense MLP on the MoE layers.
+
+    A layer ``i`` is an MoE layer when ``i >= first_dense_layers`` and
+    ``(i - first_dense_layers) % layer_freq == 0``; other layers use the dense MLP of width
+    ``ModelSpec.ffn_hidden``.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden: int
+    num_shared_experts: int = 0
+    shared_expert_ffn_hidden: int = 0  # width of each shared expert; 0 = expert_ffn_hidden
+    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid gate (h -> 1) on the shared expert
+    first_dense_layers: int = 0
+    layer_freq: int = 1
+    router_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "top_k", "expert_ffn_hidden", "layer_freq"):
+            if getattr(self, name) <= 0:
+                raise ModelError(f"moe.{name}", f"must be a positive integer, got {getattr(self, name)}")
+        if self.top_k > self.num_experts:
+            raise ModelError(
+                "moe.top_k", f"top_k={self.top_k} exceeds num_experts={self.num_experts}; lower top_k"
+            )
+        for name in ("num_shared_experts", "shared_expert_ffn_hidden", "first_dense_layers"):
+            if getattr(self, name) < 0:
+                raise ModelError(f"moe.{name}", f"must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_expert_ffn_hidden or self.expert_ffn_hidden
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer. Every field is explicit: nothing is guessed from ratios."""
+
+    name: str
+    family: str  # "llama", "gpt2", "mistral", "qwen2", "gemma2", "gpt_neox", "mixtral", ...
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden: int
+    vocab_size: int
+    activation: Activation = "swiglu"
+    norm: Norm = "rmsnorm"
+    position: Position = "rope"
+    tied_embeddings: bool = False
+    max_seq_len: int = 4096  # positions the model was trained for (sizes learned position tables)
+    qkv_bias: bool = False
+    attn_out_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, OLMo2); weights of size head_dim
+    post_norms: bool = False  # Gemma 2: extra norm after attention and after the MLP
+    parallel_attn_mlp: bool = False  # GPT-NeoX / GPT-J: attention and MLP read the same input
+    moe: MoESpec | None = None
+    source: str = ""  # where the architecture came from (config URL, paper table)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ModelError(name, f"must be a positive integer, got {getattr(self, name)}")
+        if self.ffn_hidden < 0 or (self.ffn_hidden == 0 and self.moe is None):
+            raise ModelError("ffn_hidden", f"must be positive for a dense model, got {self.ffn_hidden}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ModelError(
+                "num_kv_heads",
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}",
+            )
+        if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
+            raise ModelError(
+                "moe.first_dense_layers",
+                f"{self.moe.first_dense_layers} exceeds num_layers={self.num_layers}",
+            )
+
+    # -- derived shapes -------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        """a·d: width of the query projection output."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """k·d: width of each of the key and value projection outputs."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def gated(self) -> bool:
+        """SwiGLU / GeGLU MLPs have three matrices (gate, up, down) instead of two."""
+        return self.activation in ("swiglu", "geglu")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        if self.moe is None:
+            return False
+        rel = layer - self.moe.first_dense_layers
+        return rel >= 0 and rel % self.moe.layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers

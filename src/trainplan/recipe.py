@@ -1,0 +1,132 @@
+"""The training recipe: what is trained, in which number format, with which optimizer and batch.
+
+Precision conventions (what each ``precision`` keeps in which dtype)::
+
+    precision  weights (compute copy)  gradients  master weights  optimizer states  GEMM peak used
+    fp32       fp32                    fp32       none            fp32              tf32 if the device has it, else fp32
+    bf16       bf16                    bf16       fp32            fp32              bf16
+    fp16       fp16                    fp16       fp32            fp32              fp16
+    fp8        bf16                    bf16       fp32            fp32              fp8  (GEMMs only; FP8 casts are transient)
+    fp4        bf16                    bf16       fp32            fp32              fp4  (GEMMs only; FP4 casts are transient)
+
+``bf16``/``fp16`` are mixed precision as in Micikevicius et al. 2018 (Sec. 3) and ZeRO
+(Rajbhandari et al. 2020, Sec. 3.1): 2-byte weights and gradients, FP32 master weights and
+FP32 Adam moments, i.e. 2 + 2 + 12 = 16 bytes per trained parameter. ``fp8``/``fp4`` follow
+the same model-state layout (Transformer Engine / torchao float8 keep BF16 weights and an
+FP32 optimizer; only GEMM inputs are cast), so they save time, not model-state memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal, get_args
+
+from trainplan.errors import RecipeError
+
+Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "ppo", "grpo"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
+Optimizer = Literal["adamw", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion"]
+Recompute = Literal["none", "selective", "full"]
+Attention = Literal["flash", "eager"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+
+METHODS: Final = get_args(Method)
+PRECISIONS: Final = get_args(Precision)
+OPTIMIZERS: Final = get_args(Optimizer)
+RECOMPUTES: Final = get_args(Recompute)
+ATTENTIONS: Final = get_args(Attention)
+OFFLOADS: Final = get_args(Offload)
+
+LORA_TARGETS: Final = ("q", "k", "v", "o", "gate", "up", "down")
+
+# Dtype in which each precision keeps the compute copy of the weights and the gradients.
+WEIGHT_DTYPE: Final[dict[str, str]] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp4": "bf16"}
+# Dtype of the GEMM peak each precision runs at (fp32 uses TF32 tensor cores where present).
+GEMM_DTYPE: Final[dict[str, str]] = {"fp32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4"}
+
+
+def _check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise RecipeError(field_name, f"unknown value {value!r}; choose one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoRASpec:
+    """Low-rank adapters (Hu et al. 2021): W + (alpha/r)·B·A on each targeted linear layer.
+
+    QLoRA (Dettmers et al. 2023, Sec. 2-3): the frozen base is stored in 4-bit NF4 with one
+    absmax constant per ``quant_block`` weights; double quantization stores those constants in
+    8 bits with one FP32 constant per ``double_quant_block`` of them.
+    """
+
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = LORA_TARGETS
+    quant_block: int = 64
+    double_quant: bool = True
+    double_quant_block: int = 256
+
+    def __post_init__(self) -> None:
+        if self.rank <= 0:
+            raise RecipeError("lora_rank", f"must be a positive integer, got {self.rank}")
+        if not self.targets:
+            raise RecipeError("lora_targets", "name at least one module: " + ", ".join(LORA_TARGETS))
+        for t in self.targets:
+            _check_choice("lora_targets", t, LORA_TARGETS)
+        if self.quant_block <= 0 or self.double_quant_block <= 0:
+            raise RecipeError("quant_block", "quantization block sizes must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """How the model is trained. ``global_batch`` and ``micro_batch`` count sequences."""
+
+    method: Method = "pretrain"
+    precision: Precision = "bf16"
+    optimizer: Optimizer = "adamw"
+    seq_len: int = 4096
+    micro_batch: int = 1
+    global_batch: int | None = None  # None = dp × micro_batch (no gradient accumulation)
+    tokens: float | None = None  # tokens to train for, for time-to-train and cost
+    recompute: Recompute = "none"
+    attention: Attention = "flash"
+    offload: Offload = "none"
+    lora: LoRASpec | None = None
+    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        _check_choice("method", self.method, METHODS)
+        _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("recompute", self.recompute, RECOMPUTES)
+        _check_choice("attention", self.attention, ATTENTIONS)
+        _check_choice("offload", self.offload, OFFLOADS)
+        for name in ("seq_len", "micro_batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise RecipeError(name, f"must be a positive integer, got {v!r}")
+        if self.global_batch is not None and (not isinstance(self.global_batch, int) or self.global_batch <= 0):
+            raise RecipeError("global_batch", f"must be a positive integer, got {self.global_batch!r}")
+        if self.tokens is not None and not self.tokens > 0:
+            raise RecipeError("tokens", f"must be positive, got {self.tokens!r}")
+        if self.method in ("lora", "qlora") and self.lora is None:
+            object.__setattr__(self, "lora", LoRASpec())
+        if self.method not in ("lora", "qlora") and self.lora is not None:
+            raise RecipeError("lora_rank", f"LoRA settings given but method is {self.method!r}; use --method lora")
+
+    @property
+    def is_peft(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+    @property
+    def weight_dtype(self) -> str:
+        return WEIGHT_DTYPE[self.precision]
+
+    @property
+    def gemm_dtype(self) -> str:
+        return GEMM_DTYPE[self.precision]
+
+    @property
+    def keeps_master_weights(self) -> bool:
+        """Mixed precision keeps an FP32 master copy of every trained weight."""
+        return self.precision != "fp32"
