@@ -45,13 +45,18 @@ class Layout:
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise LayoutError(name, f"must be a positive integer, got {v!r}")
         if self.zero not in (0, 1, 2, 3):
-            raise LayoutError("zero", f"ZeRO stage must be 0, 1, 2 or 3 (FSDP full shard = 3), got {self.zero!r}")
+            raise LayoutError(
+                "zero", f"ZeRO stage must be 0, 1, 2 or 3 (FSDP full shard = 3), got {self.zero!r}"
+            )
         if self.pp_schedule not in PIPELINE_SCHEDULES:
             raise LayoutError(
-                "pp_schedule", f"unknown schedule {self.pp_schedule!r}; choose {', '.join(PIPELINE_SCHEDULES)}"
+                "pp_schedule",
+                f"unknown schedule {self.pp_schedule!r}; choose {', '.join(PIPELINE_SCHEDULES)}",
             )
         if self.sequence_parallel and self.tp == 1:
-            raise LayoutError("sequence_parallel", "sequence parallelism needs tp > 1 (it shards along the tp group)")
+            raise LayoutError(
+                "sequence_parallel", "sequence parallelism needs tp > 1 (it shards along the tp group)"
+            )
         if self.virtual_stages > 1 and self.pp_schedule != "interleaved":
             raise LayoutError(
                 "virtual_stages", f"virtual_stages={self.virtual_stages} needs --pp-schedule interleaved"
@@ -131,14 +136,18 @@ class Layout:
             )
         if self.ep > 1:
             if model.moe is None:
-                raise LayoutError("ep", f"ep={self.ep} needs a mixture-of-experts model; {model.name} is dense")
+                raise LayoutError(
+                    "ep", f"ep={self.ep} needs a mixture-of-experts model; {model.name} is dense"
+                )
             if model.moe.num_experts % self.ep != 0:
                 raise LayoutError("ep", f"ep={self.ep} does not divide {model.moe.num_experts} experts")
         ffn = model.ffn_hidden
         if ffn and ffn % self.tp != 0:
             raise LayoutError("tp", f"tp={self.tp} does not divide the MLP width {ffn}")
         if model.moe is not None and model.moe.expert_ffn_hidden % self.tp != 0:
-            raise LayoutError("tp", f"tp={self.tp} does not divide the expert MLP width {model.moe.expert_ffn_hidden}")
+            raise LayoutError(
+                "tp", f"tp={self.tp} does not divide the expert MLP width {model.moe.expert_ffn_hidden}"
+            )
 
     def check_batch(self, *, seq_len: int, micro_batch: int, global_batch: int | None) -> int:
         """Validate batch arithmetic; return micro-batches per step per pipeline (gradient accumulation)."""
@@ -146,7 +155,8 @@ class Layout:
             raise LayoutError("cp", f"cp={self.cp} does not divide the sequence length {seq_len}")
         if self.sequence_parallel and (seq_len // self.cp) % self.tp != 0:
             raise LayoutError(
-                "sequence_parallel", f"tp={self.tp} does not divide the per-rank sequence {seq_len // self.cp}"
+                "sequence_parallel",
+                f"tp={self.tp} does not divide the per-rank sequence {seq_len // self.cp}",
             )
         if global_batch is None:
             return 1

@@ -40,9 +40,21 @@ OFFLOADS: Final = get_args(Offload)
 LORA_TARGETS: Final = ("q", "k", "v", "o", "gate", "up", "down")
 
 # Dtype in which each precision keeps the compute copy of the weights and the gradients.
-WEIGHT_DTYPE: Final[dict[str, str]] = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp4": "bf16"}
+WEIGHT_DTYPE: Final[dict[str, str]] = {
+    "fp32": "fp32",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp8": "bf16",
+    "fp4": "bf16",
+}
 # Dtype of the GEMM peak each precision runs at (fp32 uses TF32 tensor cores where present).
-GEMM_DTYPE: Final[dict[str, str]] = {"fp32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp4": "fp4"}
+GEMM_DTYPE: Final[dict[str, str]] = {
+    "fp32": "tf32",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "fp4": "fp4",
+}
 
 
 def _check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -92,6 +104,12 @@ class Recipe:
     attention: Attention = "flash"
     offload: Offload = "none"
     lora: LoRASpec | None = None
+    dropout: float = (
+        0.0  # hidden/attention dropout probability; > 0 stores 1-byte masks (Korthikanti 2022 Sec. 4.1)
+    )
+    master_weights: bool = (
+        True  # False = "pure" 16-bit training: no FP32 master, optimizer states in the weight dtype
+    )
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -105,14 +123,20 @@ class Recipe:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise RecipeError(name, f"must be a positive integer, got {v!r}")
-        if self.global_batch is not None and (not isinstance(self.global_batch, int) or self.global_batch <= 0):
+        if self.global_batch is not None and (
+            not isinstance(self.global_batch, int) or self.global_batch <= 0
+        ):
             raise RecipeError("global_batch", f"must be a positive integer, got {self.global_batch!r}")
         if self.tokens is not None and not self.tokens > 0:
             raise RecipeError("tokens", f"must be positive, got {self.tokens!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise RecipeError("dropout", f"must be in [0, 1), got {self.dropout!r}")
         if self.method in ("lora", "qlora") and self.lora is None:
             object.__setattr__(self, "lora", LoRASpec())
         if self.method not in ("lora", "qlora") and self.lora is not None:
-            raise RecipeError("lora_rank", f"LoRA settings given but method is {self.method!r}; use --method lora")
+            raise RecipeError(
+                "lora_rank", f"LoRA settings given but method is {self.method!r}; use --method lora"
+            )
 
     @property
     def is_peft(self) -> bool:
@@ -128,5 +152,10 @@ class Recipe:
 
     @property
     def keeps_master_weights(self) -> bool:
-        """Mixed precision keeps an FP32 master copy of every trained weight."""
-        return self.precision != "fp32"
+        """Mixed precision keeps an FP32 master copy of every trained weight (unless pure 16-bit)."""
+        return self.precision != "fp32" and self.master_weights
+
+    @property
+    def optimizer_state_dtype(self) -> str:
+        """FP32 moments with mixed precision and fp32; the weight dtype for pure 16-bit training."""
+        return "fp32" if self.precision == "fp32" or self.master_weights else self.weight_dtype

@@ -1,0 +1,545 @@
+"""Per-device memory of one training step: every term named, every term derived.
+
+Notation (as in the docs): b micro-batch, s sequence length (s/cp per rank), h hidden, a heads,
+t = tp, q = a·d query width, g = k·d key/value width, f MLP width, V vocabulary, e bytes of an
+activation element (2 for 16-bit and FP8/FP4 recipes, whose saved activations stay 16-bit; 4
+for fp32).
+
+The peak of a training step is the larger of two phases::
+
+    peak = model states + comm buffers + max(backward phase, optimizer phase)
+    backward phase  = saved activations (all in-flight micro-batches) + logits/loss buffers
+                      + ZeRO-3 gather buffers + the largest transient (loss backward or a
+                      recomputed layer)
+    optimizer phase = optimizer-step temporaries (a foreach AdamW keeps one FP32 temporary the
+                      size of the local parameter shard)
+
+    per device = peak + CUDA context + allocator fragmentation      (named overhead terms)
+
+Sources: model states — Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 and 5; activations —
+Korthikanti et al. 2022, Sec. 4 and Table 2, generalised below to GQA, gated MLPs, any MLP
+width, FlashAttention (Dao et al. 2022: saves the output and the log-sum-exp, no s² terms) and
+MoE; pipeline in-flight micro-batches — Korthikanti 2022 Eq. 5 and Narayanan et al. 2021
+Sec. 2.2; QLoRA — Dettmers et al. 2023 Sec. 2-3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from trainplan.dtypes import BYTES_PER_ELEMENT
+from trainplan.errors import RecipeError
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import Recipe
+from trainplan.sharding import DeviceParams, Linear, device_params, stage_layers
+from trainplan.units import GiB, fmt_bytes
+
+# --- named assumptions of the overhead terms ----------------------------------------------
+CUDA_CONTEXT_BYTES: Final = 1.0 * GiB
+"""CUDA context, cuBLAS/cuDNN workspaces and NCCL channel buffers, outside PyTorch's allocator.
+
+Assumption, not a measurement: the CUDA context alone takes a few hundred MiB (PyTorch "CUDA
+semantics" notes: it is not counted by ``memory_allocated``), cuBLAS keeps up to a few MiB of
+workspace per stream and NCCL ``NCCL_BUFFSIZE`` = 4 MiB per channel and peer. Calibrate with
+measurements (``trainplan verify --device cuda``)."""
+
+FRAGMENTATION_FRACTION: Final = 0.05
+"""Caching-allocator fragmentation, as a fraction of the peak of live tensors (reserved minus
+allocated). Assumption; ZeRO (Sec. 3.2) reports extreme cases with 30% of memory unusable."""
+
+ADAM8BIT_BLOCK: Final = 2048
+"""Block size of 8-bit optimizer states (Dettmers et al. 2022, "8-bit Optimizers via Block-wise
+Quantization", Sec. 2.1): one FP32 absmax per 2048 values."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerActivations:
+    """Bytes saved for backward by one transformer layer for one micro-batch, by term."""
+
+    terms: dict[str, float]
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.terms.values())
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Per-device memory at the peak of a training step, for the worst pipeline stage."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float  # optimizer states incl. FP32 master weights where kept
+    master_weights_bytes: float  # the part of optimizer_bytes that is the FP32 master copy
+    quant_constants_bytes: float  # QLoRA absmax constants
+    activations_bytes: float  # saved for backward, all in-flight micro-batches
+    logits_bytes: float  # logits and loss buffers (last stage)
+    gather_buffers_bytes: float  # ZeRO-3/FSDP unsharded layers in flight
+    transient_bytes: float  # largest short-lived tensor of the backward phase
+    optimizer_temporaries_bytes: float  # optimizer-step temporaries (optimizer phase)
+    comm_buffers_bytes: float
+    cuda_context_bytes: float
+    fragmentation_bytes: float
+    capacity_bytes: float
+    host_bytes: float  # offloaded to CPU memory, per device
+    stage: int  # the pipeline stage this breakdown describes (the worst one)
+    peak_phase: str  # "backward" or "optimizer step"
+    params_on_device: int
+    trainable_params_on_device: int
+    activation_terms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def model_states_bytes(self) -> float:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.quant_constants_bytes
+
+    @property
+    def backward_phase_bytes(self) -> float:
+        return self.activations_bytes + self.logits_bytes + self.gather_buffers_bytes + self.transient_bytes
+
+    @property
+    def peak_bytes(self) -> float:
+        """Peak of live tensors (what ``torch.cuda.max_memory_allocated`` measures)."""
+        return (
+            self.model_states_bytes
+            + self.comm_buffers_bytes
+            + max(self.backward_phase_bytes, self.optimizer_temporaries_bytes)
+        )
+
+    @property
+    def per_device_bytes(self) -> float:
+        return self.peak_bytes + self.cuda_context_bytes + self.fragmentation_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.per_device_bytes <= self.capacity_bytes
+
+    def terms(self) -> list[tuple[str, float]]:
+        """The visible sum: these terms add up to ``per_device_bytes``."""
+        phase_backward = self.peak_phase == "backward"
+        return [
+            ("weights", self.weights_bytes),
+            ("gradients", self.gradients_bytes),
+            ("optimizer states (incl. master)", self.optimizer_bytes),
+            ("quantization constants", self.quant_constants_bytes),
+            ("activations", self.activations_bytes if phase_backward else 0.0),
+            ("logits / loss", self.logits_bytes if phase_backward else 0.0),
+            ("ZeRO-3 gather buffers", self.gather_buffers_bytes if phase_backward else 0.0),
+            ("transient (backward)", self.transient_bytes if phase_backward else 0.0),
+            ("optimizer-step temporaries", 0.0 if phase_backward else self.optimizer_temporaries_bytes),
+            ("communication buffers", self.comm_buffers_bytes),
+            ("CUDA context / runtime", self.cuda_context_bytes),
+            ("allocator fragmentation", self.fragmentation_bytes),
+        ]
+
+    def reasons(self) -> list[str]:
+        """Why it does not fit: the excess and the largest terms that cause it."""
+        if self.fits:
+            return []
+        excess = self.per_device_bytes - self.capacity_bytes
+        top = sorted(self.terms(), key=lambda kv: kv[1], reverse=True)[:3]
+        named = ", ".join(f"{name} {fmt_bytes(v)}" for name, v in top if v > 0)
+        return [
+            f"needs {fmt_bytes(self.per_device_bytes)} per device > {fmt_bytes(self.capacity_bytes)} "
+            f"capacity (over by {fmt_bytes(excess)}); largest terms: {named}"
+        ]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "per_device_bytes": self.per_device_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "fits": self.fits,
+            "peak_bytes": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+            "stage": self.stage,
+            "weights_bytes": self.weights_bytes,
+            "gradients_bytes": self.gradients_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "master_weights_bytes": self.master_weights_bytes,
+            "quant_constants_bytes": self.quant_constants_bytes,
+            "activations_bytes": self.activations_bytes,
+            "logits_bytes": self.logits_bytes,
+            "gather_buffers_bytes": self.gather_buffers_bytes,
+            "transient_bytes": self.transient_bytes,
+            "optimizer_temporaries_bytes": self.optimizer_temporaries_bytes,
+            "comm_buffers_bytes": self.comm_buffers_bytes,
+            "cuda_context_bytes": self.cuda_context_bytes,
+            "fragmentation_bytes": self.fragmentation_bytes,
+            "host_bytes": self.host_bytes,
+            "params_on_device": self.params_on_device,
+            "trainable_params_on_device": self.trainable_params_on_device,
+            "activation_terms_bytes": dict(self.activation_terms),
+        }
+
+
+# --- activations ------------------------------------------------------------------------------
+def activation_bytes_per_element(recipe: Recipe) -> float:
+    """e: saved activations are fp32 under fp32 training, 16-bit otherwise (FP8/FP4 casts are transient)."""
+    return 4.0 if recipe.precision == "fp32" else 2.0
+
+
+def _mlp_terms(
+    model: ModelSpec, tokens: float, width_local: float, e: float, prefix: str
+) -> dict[str, float]:
+    """Tensors one MLP saves for backward (eager PyTorch; Korthikanti 2022 Sec. 4.1 for GeLU).
+
+    GeLU/ReLU MLP: the activation input (f) and the down-projection input (f): 2·e·tokens·f.
+    Gated MLP (SwiGLU/GeGLU, ``down(act(gate(x)) * up(x))``): the activation input (gate output),
+    the activation output and the up output (both saved by the product), and the product (input
+    of down): 4·e·tokens·f.
+    """
+    n = 4 if model.gated else 2
+    return {prefix + "mlp_intermediate": n * e * tokens * width_local}
+
+
+def layer_activations(
+    model: ModelSpec, recipe: Recipe, layout: Layout, layer: int, *, micro_batch: int | None = None
+) -> LayerActivations:
+    """Bytes saved for backward by one layer for one micro-batch on one device.
+
+    Generalises Korthikanti et al. 2022 Sec. 4.1 / Table 2. Without parallelism, GPT-3 shapes
+    (q = g = h, f = 4h, GeLU, dropout, eager attention, e = 2) give ``sbh(34 + 5as/h)``; with
+    tensor parallelism the terms inside the tp region divide by t, the rest (norm inputs, the
+    inputs of the first linear of each block, dropout masks) divides by t only with sequence
+    parallelism. Selective recompute drops the attention-core terms (s² per head); full recompute
+    stores only the layer input. Flash attention (Dao et al. 2022) saves the output O and the
+    FP32 log-sum-exp (4·b·a·s bytes) instead of the s² score tensors.
+    """
+    b = recipe.micro_batch if micro_batch is None else micro_batch
+    t, cp = layout.tp, layout.cp
+    s = recipe.seq_len // cp  # local sequence per cp rank
+    s_kv = recipe.seq_len  # keys a local query attends to (all of them under ring attention)
+    h = model.hidden_size
+    e = activation_bytes_per_element(recipe)
+    sp_div = t if layout.sequence_parallel else 1
+    tokens = b * s
+    dropout = recipe.dropout > 0.0
+    a_local = model.num_heads / t
+    q_local = model.q_dim / t
+    g_local = model.kv_dim / t if model.num_kv_heads % t == 0 else float(model.head_dim)
+
+    if recipe.recompute == "full":
+        return LayerActivations(terms={"layer_input": e * tokens * h / sp_div})
+
+    terms: dict[str, float] = {}
+    # Outside the tp region (divided by t only with sequence parallelism).
+    terms["attn_norm_input"] = e * tokens * h / sp_div
+    terms["qkv_input"] = e * tokens * h / sp_div
+    terms["mlp_norm_input"] = e * tokens * h / sp_div
+    terms["mlp_input"] = e * tokens * h / sp_div
+    if dropout:
+        terms["dropout_masks"] = 2 * 1.0 * tokens * h / sp_div
+    # Inside the tp region.
+    terms["q_k_v"] = e * tokens * (q_local + 2 * g_local)
+    core_s2 = 0.0
+    if recipe.attention == "eager":
+        core_s2 = e * b * a_local * s * s_kv  # softmax output
+        if dropout:
+            core_s2 += 1.0 * b * a_local * s * s_kv + e * b * a_local * s * s_kv  # mask + dropout output
+        terms["attn_out_proj_input"] = e * tokens * q_local
+    else:
+        terms["attn_output_and_lse"] = e * tokens * q_local + 4.0 * b * a_local * s
+    if recipe.recompute != "selective" and core_s2:
+        terms["attn_scores"] = core_s2
+
+    if model.is_moe_layer(layer):
+        assert model.moe is not None
+        moe = model.moe
+        k = moe.top_k
+        routed_tokens = tokens * k  # balanced routing: each rank processes b·s·K token-expert pairs
+        terms["router_probs"] = 4.0 * tokens * moe.num_experts
+        terms["expert_inputs"] = e * routed_tokens * h
+        terms.update(_mlp_terms(model, routed_tokens, moe.expert_ffn_hidden / t, e, "expert_"))
+        terms["expert_outputs"] = e * routed_tokens * h
+        if moe.num_shared_experts:
+            terms.update(
+                _mlp_terms(model, tokens, moe.num_shared_experts * moe.shared_width / t, e, "shared_")
+            )
+    else:
+        terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, e, ""))
+    return LayerActivations(terms=terms)
+
+
+def korthikanti_table2_bytes(*, s: int, b: int, h: int, a: int, t: int, mode: str) -> float:
+    """Korthikanti et al. 2022 Table 2, verbatim: activation bytes per transformer layer.
+
+    ``mode``: "none", "tp", "tp+sp", "tp+selective", "tp+sp+selective", "full".
+    """
+    sbh = s * b * h
+    formulas = {
+        "none": sbh * (34 + 5 * a * s / h),
+        "tp": sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp+sp": sbh * (34 / t + 5 * a * s / (h * t)),
+        "tp+selective": sbh * (10 + 24 / t),
+        "tp+sp+selective": sbh * (34 / t),
+        "full": sbh * 2,
+    }
+    return formulas[mode]
+
+
+def inflight_microbatches(layout: Layout, stage: int, num_microbatches: int) -> float:
+    """Micro-batches whose activations a pipeline stage holds at its peak.
+
+    1F1B (Narayanan et al. 2021 Sec. 2.2.1): stage i warms up with ``pp - i`` forwards before its
+    first backward, so stage 0 holds ``pp`` micro-batches of its ``L/pp`` layers (Korthikanti
+    Eq. 5: L layers' worth). Interleaved with v chunks: stage 0 holds ``pp·(1 + (pp-1)/(pp·v))``
+    micro-batches' worth (Korthikanti Sec. 4.2.3). Zero-bubble ZB-H1 (Qi et al. 2023) keeps the
+    1F1B peak. Never more than the micro-batches in the step.
+    """
+    pp = layout.pp
+    if pp == 1:
+        return 1.0
+    if layout.pp_schedule == "interleaved":
+        held = (pp - stage) * (1 + (pp - 1) / (pp * layout.virtual_stages))
+    else:
+        held = float(pp - stage)
+    return min(held, float(num_microbatches))
+
+
+def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[float, float]:
+    """(saved, transient) bytes of the output layer for one micro-batch on the last stage.
+
+    Saved: the final-norm input and LM-head input (e·b·s·h each, /t with sequence parallelism),
+    the logits (e·b·s·V/t, kept by the loss) and the FP32 log-softmax output that cross-entropy
+    saves (4·b·s·V/t; Megatron-LM's vocab-parallel cross-entropy likewise keeps an FP32 softmax,
+    Korthikanti Sec. 4.3: 4·s·b·v/t). Transient: the FP32 gradient of the logits (4·b·s·V/t)
+    created by the loss backward while the saved tensors are still alive.
+    """
+    t = layout.tp
+    s = recipe.seq_len // layout.cp
+    tokens = recipe.micro_batch * s
+    e = activation_bytes_per_element(recipe)
+    sp_div = t if layout.sequence_parallel else 1
+    v_local = model.vocab_size / t
+    saved = 2 * e * tokens * model.hidden_size / sp_div + e * tokens * v_local + 4.0 * tokens * v_local
+    transient = 4.0 * tokens * v_local
+    return saved, transient
+
+
+# --- model states -------------------------------------------------------------------------
+def optimizer_state_bytes_per_param(recipe: Recipe) -> float:
+    """Optimizer state bytes per trained parameter, excluding the FP32 master copy.
+
+    AdamW: two moments (Loshchilov & Hutter 2019) in FP32 = 8 B (ZeRO Sec. 3.1: K = 12 with the
+    master); in pure 16-bit training both moments are in the weight dtype. 8-bit AdamW: two int8
+    moments + one FP32 absmax per 2048 values each (Dettmers et al. 2022 Sec. 2.1). SGD: none;
+    SGD with momentum and Lion (Chen et al. 2023): one moment. Adafactor: handled per matrix in
+    :func:`adafactor_state_params`.
+    """
+    sb = BYTES_PER_ELEMENT[recipe.optimizer_state_dtype]
+    table = {
+        "adamw": 2 * sb,
+        "adamw-8bit": 2 * (1.0 + 4.0 / ADAM8BIT_BLOCK),
+        "sgd": 0.0,
+        "sgd-momentum": sb,
+        "lion": sb,
+        "adafactor": 0.0,
+    }
+    return table[recipe.optimizer]
+
+
+def adafactor_state_params(linears: tuple[Linear, ...], other_params: int) -> float:
+    """Adafactor (Shazeer & Stern 2018, Alg. 4, beta1 = 0): factored second moment, one row and one
+    column vector per matrix (r + c values); a full second moment for vectors (norms, biases,
+    embeddings counted as matrices of V × h)."""
+    n = 0.0
+    for lin in linears:
+        rows = lin.out_features // (lin.tp if lin.split == "column" else 1)
+        cols = lin.in_features // (lin.tp if lin.split == "row" else 1)
+        n += lin.count * (rows + cols)
+    return n + other_params
+
+
+@dataclass(frozen=True, kw_only=True)
+class _States:
+    weights: float
+    gradients: float
+    optimizer: float
+    master: float
+    quant_constants: float
+    host: float
+    optimizer_temp: float
+    gather: float
+    trainable: int
+
+
+def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceParams) -> _States:
+    """Model-state bytes on one device (ZeRO Sec. 5: stage 1 shards optimizer states, 2 also
+    gradients, 3 also parameters, each over the dp·cp group; routed experts over dp·cp/ep)."""
+    z = layout.zero
+    g_dense = layout.shard_group
+    g_exp = max(1, layout.shard_group // layout.ep)
+    wb = BYTES_PER_ELEMENT[recipe.weight_dtype]
+    master_b = 4.0 if recipe.keeps_master_weights else 0.0
+    opt_b = optimizer_state_bytes_per_param(recipe)
+
+    def shard(n_dense: float, n_exp: float, stage_from: int) -> float:
+        return (n_dense / g_dense if z >= stage_from else n_dense) + (
+            n_exp / g_exp if z >= stage_from else n_exp
+        )
+
+    quant = 0.0
+    if recipe.is_peft:
+        assert recipe.lora is not None
+        trained_dense, trained_exp = float(dev.lora_adapters), 0.0
+        adapter_wb = wb
+        if recipe.method == "qlora":
+            lora = recipe.lora
+            n_lin = dev.dense_linear + dev.expert_linear
+            base = 0.5 * n_lin + wb * dev.dense_other
+            per_block = 1.0 / lora.quant_block
+            if lora.double_quant:
+                quant = n_lin * per_block * (1.0 + 4.0 / lora.double_quant_block)
+            else:
+                quant = n_lin * per_block * 4.0
+        else:
+            base = wb * dev.total
+        frozen = base / g_dense if z >= 3 else base
+        quant = quant / g_dense if z >= 3 else quant
+        weights = frozen + adapter_wb * shard(trained_dense, trained_exp, 3)
+        trainable = dev.lora_adapters
+    else:
+        trained_dense, trained_exp = float(dev.dense), float(dev.expert_linear)
+        weights = wb * shard(trained_dense, trained_exp, 3)
+        trainable = dev.total
+
+    grads = wb * shard(trained_dense, trained_exp, 2)
+    n_opt = shard(trained_dense, trained_exp, 1)
+    if recipe.optimizer == "adafactor":
+        factored = (
+            adafactor_state_params(dev.linears, dev.dense_other) if not recipe.is_peft else trained_dense
+        )
+        opt_states = BYTES_PER_ELEMENT[recipe.optimizer_state_dtype] * (factored / (g_dense if z >= 1 else 1))
+    else:
+        opt_states = opt_b * n_opt
+    master = master_b * n_opt
+    optimizer = opt_states + master
+    # foreach AdamW/Lion/SGD-momentum keeps one FP32 temporary of the local shard size during step()
+    optimizer_temp = 4.0 * n_opt if recipe.optimizer not in ("sgd",) else 0.0
+
+    host = 0.0
+    if recipe.offload != "none":
+        if z == 0:
+            raise RecipeError(
+                "offload", "CPU offload of optimizer states needs ZeRO (--zero 1, 2 or 3), as in ZeRO-Offload"
+            )
+        # ZeRO-Offload (Ren et al. 2021, Sec. 4.1): optimizer states, master weights and the
+        # reduced gradient shard live in CPU memory; the optimizer step runs on the CPU.
+        host += optimizer + grads
+        optimizer, master, optimizer_temp, grads = 0.0, 0.0, 0.0, 0.0
+        if recipe.offload == "optimizer+params":
+            if z != 3:
+                raise RecipeError("offload", "offloading parameters needs --zero 3 (ZeRO-Infinity)")
+            host += weights
+            weights = 0.0
+
+    gather = 0.0
+    if z == 3:
+        # FSDP/ZeRO-3 gathers the current layer and prefetches the next (2 layers unsharded),
+        # and holds one layer's unsharded gradient before its reduce-scatter.
+        layer = float(dev.largest_layer_unsharded)
+        gather = 2 * wb * layer + (0.0 if recipe.is_peft else wb * layer)
+    return _States(
+        weights=weights,
+        gradients=grads,
+        optimizer=optimizer,
+        master=master,
+        quant_constants=quant,
+        host=host,
+        optimizer_temp=optimizer_temp,
+        gather=gather,
+        trainable=trainable,
+    )
+
+
+def _stage_breakdown(
+    model: ModelSpec, recipe: Recipe, layout: Layout, stage: int, capacity_bytes: float, num_microbatches: int
+) -> MemoryBreakdown:
+    dev = device_params(model, layout, stage, recipe.lora)
+    st = _model_states(model, recipe, layout, dev)
+    inflight = inflight_microbatches(layout, stage, num_microbatches)
+    act_terms: dict[str, float] = {}
+    largest_layer_full = 0.0
+    for i in dev.layers:
+        la = layer_activations(model, recipe, layout, i)
+        for k, v in la.terms.items():
+            act_terms[k] = act_terms.get(k, 0.0) + v * inflight
+        if recipe.recompute == "full":
+            full = layer_activations(
+                model, Recipe(**{**_recipe_kwargs(recipe), "recompute": "none"}), layout, i
+            )
+            largest_layer_full = max(largest_layer_full, full.total_bytes)
+    if stage == 0:
+        e = activation_bytes_per_element(recipe)
+        sp_div = layout.tp if layout.sequence_parallel else 1
+        act_terms["embedding_output"] = (
+            inflight * e * recipe.micro_batch * (recipe.seq_len // layout.cp) * (model.hidden_size / sp_div)
+        )
+    logits_saved, logits_transient = (0.0, 0.0)
+    if stage == layout.pp - 1:
+        logits_saved, logits_transient = logits_bytes(model, recipe, layout)
+    activations = sum(act_terms.values())
+    transient = max(logits_transient, largest_layer_full)
+    backward = activations + logits_saved + st.gather + transient
+    phase = "backward" if backward >= st.optimizer_temp else "optimizer step"
+    peak_live = (
+        st.weights + st.gradients + st.optimizer + st.quant_constants + max(backward, st.optimizer_temp)
+    )
+    return MemoryBreakdown(
+        weights_bytes=st.weights,
+        gradients_bytes=st.gradients,
+        optimizer_bytes=st.optimizer,
+        master_weights_bytes=st.master,
+        quant_constants_bytes=st.quant_constants,
+        activations_bytes=activations,
+        logits_bytes=logits_saved,
+        gather_buffers_bytes=st.gather,
+        transient_bytes=transient,
+        optimizer_temporaries_bytes=st.optimizer_temp,
+        comm_buffers_bytes=0.0,
+        cuda_context_bytes=CUDA_CONTEXT_BYTES,
+        fragmentation_bytes=FRAGMENTATION_FRACTION * peak_live,
+        capacity_bytes=capacity_bytes,
+        host_bytes=st.host,
+        stage=stage,
+        peak_phase=phase,
+        params_on_device=dev.total,
+        trainable_params_on_device=st.trainable,
+        activation_terms=act_terms,
+    )
+
+
+def memory_breakdown(
+    model: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    *,
+    capacity_bytes: float = float("inf"),
+    num_microbatches: int | None = None,
+) -> MemoryBreakdown:
+    """Per-device memory of the worst pipeline stage (stage 0 and the last stage are evaluated;
+    stage 0 holds the most in-flight activations, the last stage the logits and LM head)."""
+    layout.check_model(model)
+    nmb = num_microbatches
+    if nmb is None:
+        nmb = layout.check_batch(
+            seq_len=recipe.seq_len, micro_batch=recipe.micro_batch, global_batch=recipe.global_batch
+        )
+    stages = sorted({0, layout.pp - 1})
+    results = [_stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb) for st in stages]
+    return max(results, key=lambda m: m.per_device_bytes)
+
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES",
+    "FRAGMENTATION_FRACTION",
+    "LayerActivations",
+    "MemoryBreakdown",
+    "inflight_microbatches",
+    "korthikanti_table2_bytes",
+    "layer_activations",
+    "logits_bytes",
+    "memory_breakdown",
+    "stage_layers",
+]

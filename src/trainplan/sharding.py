@@ -1,0 +1,207 @@
+"""Parameters held by one device: the model split by pipeline stage, tensor and expert parallelism.
+
+Megatron-LM's split (Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 2.3):
+
+* column-parallel linears (q, k, v, MLP gate/up) shard their output features over ``tp``;
+  row-parallel linears (attention out, MLP down) shard their input features; the row-parallel
+  bias is added after the all-reduce and so is replicated;
+* key/value heads: with ``tp <= k`` each rank holds ``k/tp`` heads; with ``tp > k`` each rank
+  holds one replicated kv head (Megatron-LM ``num_query_groups < tp`` case);
+* norms, the router and learned position embeddings are replicated on every tp rank;
+* the embedding and the untied LM head are vocab-parallel (``V/tp`` rows each);
+* routed experts are split over ``ep`` ranks and each expert's linears over ``tp``
+  (Megatron-LM's default expert-tensor-parallel size = tp);
+* pipeline stages take contiguous layer ranges, earlier stages taking the remainder; the
+  embedding lives on the first stage, the final norm and LM head on the last (a tied LM head
+  keeps its own copy of the embedding on the last stage when ``pp > 1``, as Megatron-LM does).
+
+Parameter *totals* are counted independently in ``models/params.py``; tests check that the
+per-device counts here, summed over the tp/ep/pp ranks, give back those totals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import LoRASpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Linear:
+    """One linear layer as seen by one tp rank: ``name``, full (in, out) and the split kind."""
+
+    name: str  # q, k, v, o, gate, up, down (expert.* / shared.* for MoE)
+    in_features: int
+    out_features: int
+    split: str  # "column", "row" or "replicated"
+    tp: int
+    count: int = 1  # how many identical copies this rank holds (local experts)
+
+    @property
+    def local_weight_params(self) -> int:
+        if self.split == "column":
+            return self.count * self.in_features * (self.out_features // self.tp)
+        if self.split == "row":
+            return self.count * (self.in_features // self.tp) * self.out_features
+        return self.count * self.in_features * self.out_features
+
+    def lora_params(self, rank: int) -> int:
+        """A (r × in) and B (out × r) on this tp rank (Hu et al. 2021, Sec. 4.1)."""
+        if self.split == "column":
+            per = rank * self.in_features + rank * (self.out_features // self.tp)
+        elif self.split == "row":
+            per = rank * (self.in_features // self.tp) + rank * self.out_features
+        else:
+            per = rank * (self.in_features + self.out_features)
+        return self.count * per
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceParams:
+    """Parameter counts held by one device of one pipeline stage (elements, not bytes).
+
+    ``dense_*`` are parameters sharded over the dp·cp ZeRO group; ``expert_*`` are routed-expert
+    parameters, sharded over the expert-data-parallel group dp·cp/ep.
+    """
+
+    stage: int
+    layers: tuple[int, ...]
+    dense_linear: int  # linear weights (quantizable for QLoRA)
+    dense_other: int  # embeddings, norms, biases, router, positions
+    expert_linear: int
+    lora_adapters: int  # adapter parameters on this device (0 unless LoRA)
+    largest_layer_unsharded: int  # biggest transformer layer on this device, before ZeRO-3 sharding
+    linears: tuple[Linear, ...]
+
+    @property
+    def total(self) -> int:
+        return self.dense_linear + self.dense_other + self.expert_linear
+
+    @property
+    def dense(self) -> int:
+        return self.dense_linear + self.dense_other
+
+
+def stage_layers(model: ModelSpec, pp: int, stage: int) -> tuple[int, ...]:
+    """Contiguous layers of ``stage``; the first ``L mod pp`` stages take one extra layer."""
+    base, extra = divmod(model.num_layers, pp)
+    start = stage * base + min(stage, extra)
+    n = base + (1 if stage < extra else 0)
+    return tuple(range(start, start + n))
+
+
+def _kv_out(model: ModelSpec, tp: int) -> tuple[int, int]:
+    """(full kv width, kv width per rank ×tp) so that ``out // tp`` gives the per-rank width."""
+    if model.num_kv_heads % tp == 0:
+        return model.kv_dim, model.kv_dim
+    # tp > k: every rank holds one replicated kv head of width d.
+    return model.kv_dim, model.head_dim * tp
+
+
+def layer_linears(model: ModelSpec, layer: int, tp: int, ep: int) -> list[Linear]:
+    """The linears of transformer layer ``layer`` on one tp rank of one ep rank."""
+    h, qd = model.hidden_size, model.q_dim
+    _, kv_cols = _kv_out(model, tp)
+    out: list[Linear] = [
+        Linear(name="q", in_features=h, out_features=qd, split="column", tp=tp),
+        Linear(name="k", in_features=h, out_features=kv_cols, split="column", tp=tp),
+        Linear(name="v", in_features=h, out_features=kv_cols, split="column", tp=tp),
+        Linear(name="o", in_features=qd, out_features=h, split="row", tp=tp),
+    ]
+
+    def mlp(prefix: str, width: int, count: int) -> list[Linear]:
+        names = ("gate", "up", "down") if model.gated else ("up", "down")
+        return [
+            Linear(
+                name=prefix + n,
+                in_features=width if n == "down" else h,
+                out_features=h if n == "down" else width,
+                split="row" if n == "down" else "column",
+                tp=tp,
+                count=count,
+            )
+            for n in names
+        ]
+
+    if model.is_moe_layer(layer):
+        assert model.moe is not None
+        out += mlp("expert.", model.moe.expert_ffn_hidden, model.moe.num_experts // ep)
+        if model.moe.num_shared_experts:
+            out += mlp("shared.", model.moe.shared_width, model.moe.num_shared_experts)
+    else:
+        out += mlp("", model.ffn_hidden, 1)
+    return out
+
+
+def _norm_params(model: ModelSpec) -> int:
+    return model.hidden_size * (2 if model.norm == "layernorm" else 1)
+
+
+def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
+    """Norms, biases, qk-norm and router of one layer on one tp rank."""
+    h = model.hidden_size
+    norms = 2 * (2 if model.post_norms else 1)
+    n = norms * _norm_params(model)
+    _, kv_cols = _kv_out(model, tp)
+    if model.qkv_bias:
+        n += model.q_dim // tp + 2 * (kv_cols // tp)
+    if model.attn_out_bias:
+        n += h
+    if model.qk_norm:
+        n += 2 * model.head_dim
+    moe_layer = model.is_moe_layer(layer)
+    if model.mlp_bias and not moe_layer:
+        width = model.ffn_hidden
+        n += (2 if model.gated else 1) * width // tp + h
+    if moe_layer:
+        assert model.moe is not None
+        n += h * model.moe.num_experts + (model.moe.num_experts if model.moe.router_bias else 0)
+        if model.moe.shared_expert_gate:
+            n += h
+    return n
+
+
+def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec | None = None) -> DeviceParams:
+    """Parameters on one device of pipeline ``stage`` (before ZeRO sharding over dp·cp)."""
+    tp, ep, pp = layout.tp, layout.ep, layout.pp
+    h, v = model.hidden_size, model.vocab_size
+    layers = stage_layers(model, pp, stage)
+    dense_linear = expert_linear = other = adapters = 0
+    largest = 0
+    linears: list[Linear] = []
+    for i in layers:
+        lins = layer_linears(model, i, tp, ep)
+        linears += lins
+        lay_other = layer_other_params(model, i, tp)
+        lay_total = lay_other
+        for lin in lins:
+            n = lin.local_weight_params
+            if lin.name.startswith("expert."):
+                expert_linear += n
+            else:
+                dense_linear += n
+            lay_total += n
+            if lora is not None and lin.name.split(".")[-1] in lora.targets:
+                adapters += lin.lora_params(lora.rank)
+        other += lay_other
+        largest = max(largest, lay_total)
+    if stage == 0:
+        other += (v // tp) * h if v % tp == 0 else -(-v // tp) * h
+        if model.position == "learned":
+            other += model.max_seq_len * h
+    if stage == pp - 1:
+        other += _norm_params(model)
+        if not model.tied_embeddings or pp > 1:
+            other += -(-v // tp) * h
+    return DeviceParams(
+        stage=stage,
+        layers=layers,
+        dense_linear=dense_linear,
+        dense_other=other,
+        expert_linear=expert_linear,
+        lora_adapters=adapters,
+        largest_layer_unsharded=largest,
+        linears=tuple(linears),
+    )
