@@ -466,9 +466,7 @@ def _stage_breakdown(
         for k, v in la.terms.items():
             act_terms[k] = act_terms.get(k, 0.0) + v * inflight
         if recipe.recompute == "full":
-            full = layer_activations(
-                model, Recipe(**{**_recipe_kwargs(recipe), "recompute": "none"}), layout, i
-            )
+            full = layer_activations(model, replace(recipe, recompute="none"), layout, i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)
     if stage == 0:
         e = activation_bytes_per_element(recipe)
