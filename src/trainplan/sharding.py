@@ -73,7 +73,7 @@ class DeviceParams:
     expert_linear: int
     lora_adapters: int  # adapter parameters on this device (0 unless LoRA)
     largest_layer_unsharded: int  # biggest transformer layer on this device, before ZeRO-3 sharding
-    linears: tuple[Linear, ...]
+    linears: tuple[tuple[Linear, int], ...]  # (linear, how many of the device's layers have it)
 
     @property
     def total(self) -> int:
@@ -90,6 +90,19 @@ def stage_layers(model: ModelSpec, pp: int, stage: int) -> tuple[int, ...]:
     start = stage * base + min(stage, extra)
     n = base + (1 if stage < extra else 0)
     return tuple(range(start, start + n))
+
+
+def layer_kinds(model: ModelSpec, layers: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(representative layer, count) for each kind of layer (dense, MoE) among ``layers``.
+
+    All layers of one kind have the same shapes, so costs are computed once per kind.
+    """
+    out = []
+    for is_moe in (False, True):
+        members = [i for i in layers if model.is_moe_layer(i) == is_moe]
+        if members:
+            out.append((members[0], len(members)))
+    return out
 
 
 def _kv_out(model: ModelSpec, tp: int) -> tuple[int, int]:
@@ -149,7 +162,9 @@ def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
         n += model.q_dim // tp + 2 * (kv_cols // tp)
     if model.attn_out_bias:
         n += h
-    if model.qk_norm:
+    if model.qk_norm and model.qk_norm_full_width:
+        n += model.q_dim // tp + kv_cols // tp  # OLMo 2: norm over the whole (sharded) projection
+    elif model.qk_norm:
         n += 2 * model.head_dim
     moe_layer = model.is_moe_layer(layer)
     if model.mlp_bias and not moe_layer:
@@ -164,31 +179,36 @@ def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
 
 
 def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec | None = None) -> DeviceParams:
-    """Parameters on one device of pipeline ``stage`` (before ZeRO sharding over dp·cp)."""
+    """Parameters on one device of pipeline ``stage`` (before ZeRO sharding over dp·cp).
+
+    Layers of one kind (dense or MoE) are identical, so each kind is counted once and
+    multiplied by how many of the stage's layers are of that kind.
+    """
     tp, ep, pp = layout.tp, layout.ep, layout.pp
     h, v = model.hidden_size, model.vocab_size
     layers = stage_layers(model, pp, stage)
+    kinds = layer_kinds(model, layers)
     dense_linear = expert_linear = other = adapters = 0
     largest = 0
-    linears: list[Linear] = []
-    for i in layers:
+    linears: list[tuple[Linear, int]] = []
+    for i, n_layers in kinds:
         lins = layer_linears(model, i, tp, ep)
-        linears += lins
+        linears += [(lin, n_layers) for lin in lins]
         lay_other = layer_other_params(model, i, tp)
         lay_total = lay_other
         for lin in lins:
             n = lin.local_weight_params
             if lin.name.startswith("expert."):
-                expert_linear += n
+                expert_linear += n * n_layers
             else:
-                dense_linear += n
+                dense_linear += n * n_layers
             lay_total += n
             if lora is not None and lin.name.split(".")[-1] in lora.targets:
-                adapters += lin.lora_params(lora.rank)
-        other += lay_other
+                adapters += lin.lora_params(lora.rank) * n_layers
+        other += lay_other * n_layers
         largest = max(largest, lay_total)
     if stage == 0:
-        other += (v // tp) * h if v % tp == 0 else -(-v // tp) * h
+        other += -(-v // tp) * h
         if model.position == "learned":
             other += model.max_seq_len * h
     if stage == pp - 1:

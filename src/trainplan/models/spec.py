@@ -78,7 +78,8 @@ class ModelSpec:
     qkv_bias: bool = False
     attn_out_bias: bool = False
     mlp_bias: bool = False
-    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, OLMo2); weights of size head_dim
+    qk_norm: bool = False  # RMSNorm on q and k (Qwen3: per head, weights of size head_dim; OLMo 2: see below)
+    qk_norm_full_width: bool = False  # OLMo 2: one norm over all heads, weights a·d (q) and k·d (k)
     post_norms: bool = False  # Gemma 2: extra norm after attention and after the MLP
     parallel_attn_mlp: bool = False  # GPT-NeoX / GPT-J: attention and MLP read the same input
     moe: MoESpec | None = None
@@ -95,6 +96,10 @@ class ModelSpec:
             raise ModelError(
                 "num_kv_heads",
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}",
+            )
+        if self.qk_norm_full_width and not self.qk_norm:
+            raise ModelError(
+                "qk_norm_full_width", "only meaningful with qk_norm=true; set qk_norm=true or drop it"
             )
         if self.moe is not None and self.moe.first_dense_layers > self.num_layers:
             raise ModelError(

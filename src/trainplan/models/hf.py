@@ -1,0 +1,533 @@
+"""Hugging Face ``config.json`` → :class:`~trainplan.models.spec.ModelSpec`.
+
+Policy (documented in docs/models.md, "Hugging Face import"):
+
+* **Shape fields are required.** ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+  ``intermediate_size``, ``vocab_size`` (GPT-2: ``n_embd``, ``n_layer``, ``n_head``,
+  ``n_positions``, ``vocab_size``) and the expert counts and widths must be present. The
+  transformers config classes do have defaults for them, but those are the shape of one reference
+  checkpoint, and a config.json without them is truncated, not "the default model".
+* **Derived defaults are applied exactly as transformers does.** ``num_key_value_heads`` absent
+  or null → ``num_attention_heads`` where the config class does that (Llama, Phi-3, OLMo 2; null
+  only for Mistral, Mixtral and Qwen, whose class default is a literal, so absence is an error);
+  ``head_dim`` absent → ``hidden_size // num_attention_heads`` where the modeling code computes it
+  (Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3-MoE, Phi-3, OLMo 2; required for Qwen3 and
+  Gemma, whose class default is a literal 128 / 256); GPT-2 ``n_inner`` null → ``4·n_embd``.
+  Flags take the class default: ``tie_word_embeddings`` (true for GPT-2 and Gemma, false
+  otherwise), ``attention_bias``, ``mlp_bias``, ``use_parallel_residual``, ``hidden_act``,
+  ``decoder_sparse_step`` (1), ``mlp_only_layers`` ([]), ``max_position_embeddings``.
+* **Every other key must be known.** Each model type has a list of keys read and keys ignored
+  because they do not change the parameter count (dropout, epsilons, RoPE scaling, token ids,
+  sliding windows, soft-capping...). An unknown key is an error naming it; ``strict=False`` turns
+  that into a note on the spec.
+* **Keys that change the architecture in ways not modelled are always errors** (even with
+  ``strict=False``) unless their value is neutral: MoE keys on a dense model type, multi-head
+  latent attention (``kv_lora_rank``...), multi-token prediction layers, multimodal sub-configs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from trainplan.errors import ModelError
+from trainplan.models.spec import Activation, ModelSpec, MoESpec
+
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "SUPPORTED_MODEL_TYPES",
+    "from_hf_config",
+    "load_hf_config",
+    "read_config_json",
+]
+
+MAX_CONFIG_BYTES: Final = 1_000_000
+
+# Keys that never change the parameter count, for every model type.
+_COMMON_IGNORED: Final = frozenset(
+    {
+        "_name_or_path", "architectures", "model_type", "torch_dtype", "dtype", "transformers_version",
+        "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+        "use_cache", "initializer_range", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+        "rope_theta", "rope_scaling", "rope_parameters", "attention_dropout", "hidden_dropout",
+        "pretraining_tp", "auto_map", "output_attentions", "output_hidden_states", "return_dict",
+        "torchscript", "tokenizer_class", "task_specific_params", "id2label", "label2id",
+        "problem_type", "_attn_implementation_autoset", "_attn_implementation", "max_length",
+        "min_length", "do_sample", "temperature", "top_p", "top_k", "num_beams", "bad_words_ids",
+        "is_decoder", "is_encoder_decoder", "quantization_config", "sliding_window",
+        "use_sliding_window", "max_window_layers", "layer_types", "cache_implementation",
+        "sliding_window_size", "sliding_window_pattern", "output_router_logits",
+        "router_aux_loss_coef", "router_jitter_noise", "router_z_loss_coef", "norm_topk_prob",
+        "embd_pdrop", "resid_pdrop", "attn_pdrop", "original_max_position_embeddings",
+        "partial_rotary_factor",
+    }
+)  # fmt: skip
+
+# Keys whose non-neutral value changes the architecture in a way trainplan does not model.
+_UNMODELLED: Final[dict[str, tuple[tuple[object, ...], str]]] = {
+    "num_experts_per_tok": ((None, 0), "mixture-of-experts key on a dense model type"),
+    "num_local_experts": ((None, 0), "mixture-of-experts key on a dense model type"),
+    "num_experts": ((None, 0), "mixture-of-experts key on a dense model type"),
+    "n_routed_experts": ((None, 0), "mixture-of-experts key on a dense model type"),
+    "n_shared_experts": ((None, 0), "shared experts are not part of this model type"),
+    "moe_intermediate_size": ((None, 0), "mixture-of-experts key on a dense model type"),
+    "shared_expert_intermediate_size": ((None, 0), "shared experts are not part of this model type"),
+    "moe_layer_freq": ((None, 1), "mixture-of-experts layer pattern"),
+    "first_k_dense_replace": ((None, 0), "mixture-of-experts layer pattern"),
+    "kv_lora_rank": ((None, 0), "multi-head latent attention (MLA) is not modelled"),
+    "q_lora_rank": ((None, 0), "multi-head latent attention (MLA) is not modelled"),
+    "qk_rope_head_dim": ((None, 0), "multi-head latent attention (MLA) is not modelled"),
+    "qk_nope_head_dim": ((None, 0), "multi-head latent attention (MLA) is not modelled"),
+    "v_head_dim": ((None,), "a value head width different from head_dim is not modelled"),
+    "attention_type": ((None,), "only standard multi/grouped-query attention is modelled"),
+    "num_nextn_predict_layers": ((None, 0), "multi-token prediction layers are not modelled"),
+    "add_cross_attention": ((None, False), "cross-attention layers are not modelled"),
+    "use_mrope": ((None, False), "multimodal rotary embedding marks a vision-language model"),
+    "qk_layernorm": ((None, False), "q/k norms are not part of this model type"),
+    "use_qk_norm": ((None, False), "q/k norms are not part of this model type"),
+    "text_config": ((None,), "multimodal config: save its text_config object as its own config.json"),
+    "vision_config": ((None,), "multimodal config: the vision tower is not modelled"),
+}
+
+
+class _Reader:
+    """Typed access to config keys; remembers which keys were read."""
+
+    def __init__(self, cfg: Mapping[str, Any], model_type: str) -> None:
+        self.cfg = cfg
+        self.model_type = model_type
+        self.used: set[str] = set()
+
+    def _fail(self, key: str, message: str) -> ModelError:
+        return ModelError(key, f"config.json (model_type {self.model_type}): {message}")
+
+    def has(self, key: str) -> bool:
+        return key in self.cfg
+
+    def raw(self, key: str) -> Any:
+        self.used.add(key)
+        return self.cfg.get(key)
+
+    def req_int(self, key: str, why: str = "") -> int:
+        self.used.add(key)
+        if key not in self.cfg or self.cfg[key] is None:
+            extra = f" ({why})" if why else ""
+            raise self._fail(key, f"missing '{key}'{extra}; copy the checkpoint's complete config.json")
+        return self._as_int(key, self.cfg[key])
+
+    def opt_int(self, key: str, default: int) -> int:
+        """``default`` when the key is absent or null."""
+        value = self.maybe_int(key)
+        return default if value is None else value
+
+    def maybe_int(self, key: str) -> int | None:
+        self.used.add(key)
+        value = self.cfg.get(key)
+        return None if value is None else self._as_int(key, value)
+
+    def opt_bool(self, key: str, default: bool) -> bool:
+        self.used.add(key)
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._fail(key, f"'{key}' must be true or false, got {value!r}")
+        return value
+
+    def opt_str(self, key: str, default: str) -> str:
+        self.used.add(key)
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self._fail(key, f"'{key}' must be a string, got {value!r}")
+        return value
+
+    def _as_int(self, key: str, value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._fail(key, f"'{key}' must be an integer, got {value!r}")
+        if value < 0:
+            raise self._fail(key, f"'{key}' must be >= 0, got {value}")
+        return value
+
+
+_GELU_NAMES: Final = frozenset(
+    {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "gelu_accurate", "quick_gelu"}
+)
+
+
+def _activation(r: _Reader, key: str, act: str, *, gated: bool) -> Activation:
+    """Map a transformers ``ACT2FN`` name to trainplan's activation (gated MLPs: SwiGLU / GeGLU)."""
+    if gated and act in ("silu", "swish"):
+        return "swiglu"
+    if act in _GELU_NAMES:
+        return "geglu" if gated else "gelu"
+    if act == "relu" and not gated:
+        return "relu"
+    kinds = "silu, swish, gelu*" if gated else "gelu*, relu"
+    raise r._fail(key, f"activation '{act}' is not modelled for this MLP; supported: {kinds}")
+
+
+def _head_dim(r: _Reader, hidden: int, heads: int, *, derived: bool) -> int:
+    """``head_dim`` key, or ``hidden // heads`` where the modeling file derives it."""
+    if not derived:
+        return r.req_int("head_dim", "this model type's default is a literal of one checkpoint")
+    value = r.maybe_int("head_dim")
+    if value is not None:
+        return value
+    if hidden % heads:
+        raise r._fail(
+            "head_dim", f"hidden_size {hidden} is not divisible by num_attention_heads {heads}; give head_dim"
+        )
+    return hidden // heads
+
+
+def _kv_heads(r: _Reader, heads: int, *, absent_means_heads: bool) -> int:
+    if absent_means_heads or r.has("num_key_value_heads"):
+        return r.opt_int("num_key_value_heads", heads)
+    return r.req_int("num_key_value_heads", "this model type's default is a literal of one checkpoint")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Family:
+    """How one ``model_type`` maps onto ModelSpec (see transformers ``models/<type>/``)."""
+
+    kv_absent_means_heads: bool  # config class default num_key_value_heads=None → heads
+    head_dim_derived: bool  # modeling computes hidden // heads when head_dim is absent
+    tied_default: bool  # config class default of tie_word_embeddings
+    max_pos_default: int  # config class default of max_position_embeddings
+    attention_bias: str  # "none" | "qkv" (Qwen2) | "key" (attention_bias → q, k, v, o) | "qkv_key"
+    mlp_bias_key: bool = False  # Llama's mlp_bias
+    act_default: str = "silu"
+    qk_norm: str = "none"  # "none" | "head" (Qwen3) | "full" (OLMo 2)
+    post_norms: bool = False
+    moe: str = "none"  # "none" | "mixtral" | "qwen"
+    shared_expert: bool = False
+    extra_ignored: frozenset[str] = frozenset()
+
+
+_LLAMA_LIKE: Final[dict[str, _Family]] = {
+    # transformers models/llama/configuration_llama.py, modeling_llama.py
+    "llama": _Family(
+        kv_absent_means_heads=True, head_dim_derived=True, tied_default=False, max_pos_default=2048,
+        attention_bias="key", mlp_bias_key=True,
+    ),
+    # models/mistral: num_key_value_heads=8 literal, no attention bias
+    "mistral": _Family(
+        kv_absent_means_heads=False, head_dim_derived=True, tied_default=False, max_pos_default=131072,
+        attention_bias="none",
+    ),
+    "mixtral": _Family(
+        kv_absent_means_heads=False, head_dim_derived=True, tied_default=False, max_pos_default=131072,
+        attention_bias="none", moe="mixtral",
+    ),
+    # models/qwen2: q, k, v bias=True hard-coded, o without bias
+    "qwen2": _Family(
+        kv_absent_means_heads=False, head_dim_derived=True, tied_default=False, max_pos_default=32768,
+        attention_bias="qkv",
+    ),
+    # models/qwen2_moe: qkv_bias (default true), shared expert with a sigmoid gate
+    "qwen2_moe": _Family(
+        kv_absent_means_heads=False, head_dim_derived=True, tied_default=False, max_pos_default=32768,
+        attention_bias="qkv_key", moe="qwen", shared_expert=True,
+    ),
+    # models/qwen3: head_dim=128 literal, attention_bias on q, k, v, o, per-head q/k RMSNorm
+    "qwen3": _Family(
+        kv_absent_means_heads=False, head_dim_derived=False, tied_default=False, max_pos_default=32768,
+        attention_bias="key", qk_norm="head",
+    ),
+    "qwen3_moe": _Family(
+        kv_absent_means_heads=False, head_dim_derived=True, tied_default=False, max_pos_default=32768,
+        attention_bias="key", qk_norm="head", moe="qwen",
+    ),
+    # models/gemma: head_dim=256 literal, tied, GeGLU
+    "gemma": _Family(
+        kv_absent_means_heads=False, head_dim_derived=False, tied_default=True, max_pos_default=8192,
+        attention_bias="key", act_default="gelu_pytorch_tanh", extra_ignored=frozenset({"hidden_activation"}),
+    ),
+    # models/gemma2: + post-attention and post-feedforward norms
+    "gemma2": _Family(
+        kv_absent_means_heads=False, head_dim_derived=False, tied_default=True, max_pos_default=8192,
+        attention_bias="key", act_default="gelu_pytorch_tanh", post_norms=True,
+        extra_ignored=frozenset(
+            {"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+             "use_bidirectional_attention"}
+        ),
+    ),
+    # models/phi3: fused qkv_proj / gate_up_proj without bias; attention_bias is not read by transformers
+    "phi3": _Family(
+        kv_absent_means_heads=True, head_dim_derived=True, tied_default=False, max_pos_default=4096,
+        attention_bias="none", extra_ignored=frozenset({"attention_bias"}),
+    ),
+    # models/olmo2: q_norm over a·d, k_norm over k·d
+    "olmo2": _Family(
+        kv_absent_means_heads=True, head_dim_derived=True, tied_default=False, max_pos_default=2048,
+        attention_bias="key", qk_norm="full",
+    ),
+}  # fmt: skip
+
+_GPT2_IGNORED: Final = frozenset(
+    {
+        "n_ctx", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+        "summary_first_dropout", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+        "reorder_and_upcast_attn",
+    }
+)  # fmt: skip
+_NEOX_IGNORED: Final = frozenset({"rotary_pct", "rotary_emb_base", "classifier_dropout"})
+
+SUPPORTED_MODEL_TYPES: Final = (*_LLAMA_LIKE, "gpt2", "gpt_neox")
+
+
+def _read_llama_like(r: _Reader, fam: _Family) -> dict[str, Any]:
+    hidden = r.req_int("hidden_size")
+    heads = r.req_int("num_attention_heads")
+    kw: dict[str, Any] = {
+        "num_layers": r.req_int("num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": _kv_heads(r, heads, absent_means_heads=fam.kv_absent_means_heads),
+        "head_dim": _head_dim(r, hidden, heads, derived=fam.head_dim_derived),
+        "ffn_hidden": r.req_int("intermediate_size"),
+        "vocab_size": r.req_int("vocab_size"),
+        "norm": "rmsnorm",
+        "position": "rope",
+        "tied_embeddings": r.opt_bool("tie_word_embeddings", fam.tied_default),
+        "max_seq_len": r.opt_int("max_position_embeddings", fam.max_pos_default),
+    }
+    if fam.extra_ignored >= {"hidden_activation"} and r.cfg.get("hidden_activation") is not None:
+        act_key = "hidden_activation"  # Gemma: hidden_activation wins over the legacy hidden_act
+        r.used.add("hidden_act")
+    else:
+        act_key = "hidden_act"
+    kw["activation"] = _activation(r, act_key, r.opt_str(act_key, fam.act_default), gated=True)
+
+    if fam.attention_bias == "key":
+        bias = r.opt_bool("attention_bias", False)
+        kw["qkv_bias"] = kw["attn_out_bias"] = bias
+    elif fam.attention_bias == "qkv":
+        kw["qkv_bias"] = True
+    elif fam.attention_bias == "qkv_key":
+        kw["qkv_bias"] = r.opt_bool("qkv_bias", True)
+    if fam.mlp_bias_key:
+        kw["mlp_bias"] = r.opt_bool("mlp_bias", False)
+    if fam.qk_norm != "none":
+        kw["qk_norm"] = True
+        kw["qk_norm_full_width"] = fam.qk_norm == "full"
+    kw["post_norms"] = fam.post_norms
+
+    if fam.moe == "mixtral":
+        kw["moe"] = MoESpec(
+            num_experts=r.req_int("num_local_experts"),
+            top_k=r.req_int("num_experts_per_tok"),
+            expert_ffn_hidden=kw["ffn_hidden"],  # MixtralBlockSparseTop2MLP uses intermediate_size
+        )
+    elif fam.moe == "qwen":
+        kw["moe"] = _read_qwen_moe(r, fam, kw["num_layers"])
+    return kw
+
+
+def _read_qwen_moe(r: _Reader, fam: _Family, num_layers: int) -> MoESpec | None:
+    """Qwen2-MoE / Qwen3-MoE: layer i is sparse iff i ∉ mlp_only_layers and (i+1) % step == 0."""
+    num_experts = r.req_int("num_experts")
+    step = r.opt_int("decoder_sparse_step", 1)
+    if step < 1:
+        raise r._fail("decoder_sparse_step", f"must be >= 1, got {step}")
+    only = r.raw("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise r._fail("mlp_only_layers", f"must be a list of layer indices, got {only!r}")
+    if num_experts == 0:  # transformers builds a dense MLP everywhere
+        return None
+    first_dense = step - 1
+    if only:
+        prefix = sorted(set(only)) == list(range(len(set(only))))
+        if not prefix or step != 1:
+            raise r._fail(
+                "mlp_only_layers",
+                f"{only} is not modelled: only a prefix [0..n-1] of dense layers with decoder_sparse_step 1",
+            )
+        first_dense = len(set(only))
+    shared_width = r.req_int("shared_expert_intermediate_size") if fam.shared_expert else 0
+    return MoESpec(
+        num_experts=num_experts,
+        top_k=r.req_int("num_experts_per_tok"),
+        expert_ffn_hidden=r.req_int("moe_intermediate_size"),
+        num_shared_experts=1 if fam.shared_expert else 0,
+        shared_expert_ffn_hidden=shared_width,
+        shared_expert_gate=fam.shared_expert,
+        first_dense_layers=min(first_dense, num_layers),
+        layer_freq=step,
+    )
+
+
+def _read_gpt2(r: _Reader) -> dict[str, Any]:
+    """transformers models/gpt2: Conv1D c_attn/c_proj/c_fc with biases, learned positions, tied."""
+    hidden = r.req_int("n_embd")
+    heads = r.req_int("n_head")
+    if hidden % heads:
+        raise r._fail("n_head", f"n_embd {hidden} is not divisible by n_head {heads}")
+    return {
+        "num_layers": r.req_int("n_layer"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": hidden // heads,
+        "ffn_hidden": r.opt_int("n_inner", 4 * hidden),
+        "vocab_size": r.req_int("vocab_size"),
+        "activation": _activation(
+            r, "activation_function", r.opt_str("activation_function", "gelu_new"), gated=False
+        ),
+        "norm": "layernorm",
+        "position": "learned",
+        "tied_embeddings": r.opt_bool("tie_word_embeddings", True),
+        "max_seq_len": r.req_int("n_positions", "it sizes the learned position table"),
+        "qkv_bias": True,
+        "attn_out_bias": True,
+        "mlp_bias": True,
+    }
+
+
+def _read_gpt_neox(r: _Reader) -> dict[str, Any]:
+    """transformers models/gpt_neox: fused query_key_value, biases, two LayerNorms, parallel residual."""
+    hidden = r.req_int("hidden_size")
+    heads = r.req_int("num_attention_heads")
+    if hidden % heads:
+        raise r._fail("num_attention_heads", f"hidden_size {hidden} is not divisible by {heads} heads")
+    bias = r.opt_bool("attention_bias", True)
+    return {
+        "num_layers": r.req_int("num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": hidden // heads,
+        "ffn_hidden": r.req_int("intermediate_size"),
+        "vocab_size": r.req_int("vocab_size"),
+        "activation": _activation(r, "hidden_act", r.opt_str("hidden_act", "gelu"), gated=False),
+        "norm": "layernorm",
+        "position": "rope",
+        "tied_embeddings": r.opt_bool("tie_word_embeddings", False),
+        "max_seq_len": r.opt_int("max_position_embeddings", 2048),
+        "qkv_bias": bias,
+        "attn_out_bias": bias,
+        "mlp_bias": True,
+        "parallel_attn_mlp": r.opt_bool("use_parallel_residual", True),
+    }
+
+
+def _notes(cfg: Mapping[str, Any]) -> list[str]:
+    notes = []
+    window = cfg.get("sliding_window")
+    uses_window = cfg.get("use_sliding_window", True)  # Qwen gates its window with this flag
+    if window and uses_window:
+        notes.append(f"sliding_window {window}: attention cost is modelled as full causal attention.")
+    if cfg.get("quantization_config") is not None:
+        notes.append("quantization_config present: counts are of the unquantized architecture.")
+    return notes
+
+
+def from_hf_config(cfg: Mapping[str, Any], name: str, *, strict: bool = True, source: str = "") -> ModelSpec:
+    """Turn a parsed Hugging Face ``config.json`` into a ModelSpec (policy: module docstring).
+
+    Raises :class:`ModelError` naming the key for an unknown ``model_type``, a missing required
+    key, a mistyped value, an unknown key (``strict=True``) or an unmodelled architecture key.
+    """
+    if not isinstance(cfg, Mapping):
+        raise ModelError("model", f"config must be a JSON object, got {type(cfg).__name__}")
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise ModelError("model_type", f"config.json: missing 'model_type'; supported: {supported}")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(
+            "model_type", f"config.json: model_type {model_type!r} is not supported; supported: {supported}"
+        )
+
+    r = _Reader(cfg, model_type)
+    ignored = set(_COMMON_IGNORED)
+    if model_type == "gpt2":
+        ignored |= _GPT2_IGNORED
+        kw = _read_gpt2(r)
+    elif model_type == "gpt_neox":
+        ignored |= _NEOX_IGNORED
+        kw = _read_gpt_neox(r)
+    else:
+        fam = _LLAMA_LIKE[model_type]
+        ignored |= fam.extra_ignored
+        kw = _read_llama_like(r, fam)
+
+    notes = _notes(cfg)
+    unknown: list[str] = []
+    for key in sorted(set(cfg) - r.used - ignored):
+        if key in _UNMODELLED:
+            neutral, why = _UNMODELLED[key]
+            value = cfg[key]
+            if not any(value is n or (type(value) is type(n) and value == n) for n in neutral):
+                raise ModelError(
+                    key,
+                    f"config.json (model_type {model_type}): '{key}' = {value!r} is not modelled ({why}); "
+                    f"supported model types: {supported}",
+                )
+            continue
+        unknown.append(key)
+    if unknown and strict:
+        raise ModelError(
+            unknown[0],
+            f"config.json (model_type {model_type}): unknown key '{unknown[0]}' may change the architecture; "
+            "remove it, or load with strict=False to ignore unknown keys",
+        )
+    if unknown:
+        notes.append(f"ignored unknown config keys: {', '.join(unknown)}")
+    return ModelSpec(name=name, family=model_type, source=source, notes=tuple(notes), **kw)
+
+
+def read_config_json(path: str | Path) -> dict[str, Any]:
+    """Read a config.json (or a directory holding one) as a JSON object, with clear errors."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise ModelError(
+            "model",
+            f"config file '{p}' not found; pass a preset name (`trainplan models` lists them) "
+            "or the path of a Hugging Face config.json",
+        )
+    if not p.is_file():
+        raise ModelError("model", f"'{p}' is not a regular file; pass the path of a config.json")
+    size = p.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ModelError(
+            "model",
+            f"'{p}' is {size:,} bytes, over the {MAX_CONFIG_BYTES:,}-byte limit for a config.json; "
+            "pass the model's config.json, not a weights or tokenizer file",
+        )
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelError("model", f"'{p}' is not UTF-8 text ({exc.reason}); pass a config.json") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelError(
+            "model", f"'{p}' is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ModelError(
+            "model", f"'{p}' holds a JSON {type(data).__name__}, expected an object of config fields"
+        )
+    return data
+
+
+def load_hf_config(path: str | Path, *, name: str | None = None, strict: bool = True) -> ModelSpec:
+    """Load a Hugging Face config.json file (or a checkpoint directory) as a ModelSpec.
+
+    ``name`` defaults to the checkpoint directory's name (``…/Llama-2-7b-hf/config.json`` →
+    ``Llama-2-7b-hf``), or the file's stem when it is not called config.json.
+    """
+    p = Path(path).expanduser()
+    file = p / "config.json" if p.is_dir() else p
+    cfg = read_config_json(file)
+    if name is None:
+        name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
+    return from_hf_config(cfg, name, strict=strict, source=str(file.resolve()))

@@ -1,0 +1,119 @@
+"""Built-in model presets (``models/data/presets.toml``) and :func:`load_model`.
+
+A preset is one TOML table of :class:`~trainplan.models.spec.ModelSpec` fields with a ``source``
+(the Hugging Face config.json or paper table it was copied from). Names are lowercase-hyphenated
+and matched case-insensitively.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainplan.errors import ModelError
+from trainplan.models.spec import ModelSpec, MoESpec
+
+__all__ = ["get_preset", "list_presets", "load_model", "preset_names", "spec_from_mapping"]
+
+_DATA_PACKAGE = "trainplan.models.data"
+_PRESET_FILE = "presets.toml"
+
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(ModelSpec)}
+_MOE_FIELDS = {f.name for f in dataclasses.fields(MoESpec)}
+
+
+def spec_from_mapping(name: str, entry: dict[str, Any], *, where: str) -> ModelSpec:
+    """Build a ModelSpec from a TOML-style mapping; unknown keys are errors naming the key.
+
+    ``where`` says where the mapping came from (for messages), e.g. ``presets.toml [gpt2]``.
+    """
+    entry = dict(entry)
+    unknown = sorted(set(entry) - (_SPEC_FIELDS - {"name"}))
+    if unknown:
+        raise ModelError(
+            unknown[0],
+            f"{where}: unknown key '{unknown[0]}'; ModelSpec fields are {', '.join(sorted(_SPEC_FIELDS))}",
+        )
+    moe_entry = entry.pop("moe", None)
+    moe: MoESpec | None = None
+    if moe_entry is not None:
+        if not isinstance(moe_entry, dict):
+            raise ModelError("moe", f"{where}: 'moe' must be a table of MoESpec fields")
+        bad = sorted(set(moe_entry) - _MOE_FIELDS)
+        if bad:
+            raise ModelError(
+                f"moe.{bad[0]}",
+                f"{where}: unknown key '{bad[0]}'; MoESpec fields are {', '.join(sorted(_MOE_FIELDS))}",
+            )
+        moe = MoESpec(**moe_entry)
+    if "notes" in entry:
+        entry["notes"] = tuple(entry["notes"])
+    try:
+        return ModelSpec(name=name, moe=moe, **entry)
+    except TypeError as exc:  # a required field is missing
+        raise ModelError("model", f"{where}: {exc}") from exc
+
+
+@cache
+def _presets() -> dict[str, ModelSpec]:
+    text = resources.files(_DATA_PACKAGE).joinpath(_PRESET_FILE).read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    out: dict[str, ModelSpec] = {}
+    for name, entry in data.items():
+        if name != name.lower():
+            raise ModelError("model", f"preset name '{name}' must be lowercase")
+        out[name] = spec_from_mapping(name, entry, where=f"{_PRESET_FILE} [{name}]")
+    return out
+
+
+def preset_names() -> list[str]:
+    """Preset names in file order."""
+    return list(_presets())
+
+
+def list_presets() -> list[ModelSpec]:
+    """Every built-in preset, in file order."""
+    return list(_presets().values())
+
+
+def get_preset(name: str) -> ModelSpec:
+    """The preset called ``name`` (case-insensitive); unknown names suggest the nearest one."""
+    presets = _presets()
+    key = name.strip().lower()
+    if key in presets:
+        return presets[key]
+    close = difflib.get_close_matches(key, list(presets), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise ModelError(
+        "model",
+        f"unknown model '{name}'; {hint}`trainplan models` lists presets, "
+        "or pass the path of a Hugging Face config.json",
+    )
+
+
+def _looks_like_path(name_or_path: str) -> bool:
+    return name_or_path.endswith(".json") or "/" in name_or_path or "\\" in name_or_path
+
+
+def load_model(name_or_path: str, *, strict: bool = True) -> ModelSpec:
+    """A preset name (case-insensitive) or a path to a Hugging Face ``config.json``.
+
+    A path is anything ending in ``.json``, containing a path separator, or naming an existing
+    file or directory (a directory must hold ``config.json``). ``strict`` applies to config files:
+    see :func:`trainplan.models.hf.from_hf_config`.
+    """
+    from trainplan.models.hf import load_hf_config
+
+    key = name_or_path.strip()
+    if not key:
+        raise ModelError("model", "empty model name; `trainplan models` lists presets")
+    if key.lower() in _presets():
+        return _presets()[key.lower()]
+    if _looks_like_path(key) or Path(key).exists():
+        return load_hf_config(key, strict=strict)
+    return get_preset(key)

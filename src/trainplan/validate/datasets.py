@@ -1,0 +1,598 @@
+"""Published training measurements, shipped as package data, loaded into typed rows.
+
+Every row carries the configuration it was measured under (hardware × model × recipe × layout),
+the measured value exactly as its source prints it, the source (paper/README + table + date),
+a ``verification`` status and a ``split``:
+
+    verification  VERBATIM      every number copied from the source
+                  DERIVED       a measured value recomputed from verbatim numbers, arithmetic in ``derivation``
+                  INCOMPLETE    the number is verbatim but part of the configuration is not published
+                  UNVERIFIED    the number could not be confirmed in the source text
+                  OUT_OF_SCOPE  an architecture trainplan does not model (e.g. encoder-decoder)
+    split         calibrate     may be used to set per-device-family efficiency parameters
+                  validate      only ever used to judge the model
+
+Only VERBATIM and DERIVED rows are test targets (:attr:`TimingRow.is_target`). The model is never
+tuned on ``validate`` rows; see ``docs/datasets.md`` for which rows calibrate and why.
+
+Units: times in seconds, throughput in tokens per second, memory in the unit the source prints
+(``GB`` = 1e9 bytes, ``GiB`` = 2**30 bytes, ``TB`` = 1e12 bytes), converted by
+:attr:`MemoryRow.measured_bytes`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Final, Literal, get_args
+
+from trainplan.errors import TrainplanError
+
+Split = Literal["calibrate", "validate"]
+Verification = Literal["VERBATIM", "DERIVED", "INCOMPLETE", "UNVERIFIED", "OUT_OF_SCOPE"]
+Scope = Literal["step", "layer"]
+Kind = Literal["timing", "memory"]
+Metric = Literal["step_s", "layer_s", "tokens_per_s", "mfu", "memory_bytes"]
+MemoryQuantity = Literal[
+    "model_states", "peak_allocated", "peak_reserved", "peak_device_memory", "total_training_memory"
+]
+Bound = Literal["eq", "lt", "gt"]
+MemoryUnit = Literal["GB", "GiB", "TB"]
+
+SPLITS: Final = get_args(Split)
+VERIFICATIONS: Final = get_args(Verification)
+TARGET_VERIFICATIONS: Final = ("VERBATIM", "DERIVED")
+PRESETS: Final = (
+    "gpt2",
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "llama-3.2-1b",
+    "llama-3.2-3b",
+    "mistral-7b",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "gemma-2-9b",
+    "gpt3-175b",
+)
+RECOMPUTE_VALUES: Final = ("none", "selective", "full", "unstated")
+UNIT_BYTES: Final[dict[str, float]] = {"GB": 1e9, "GiB": float(2**30), "TB": 1e12}
+
+
+class DatasetError(TrainplanError):
+    """A packaged validation CSV is malformed (names the file, row and column)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDims:
+    """Explicit architecture of a measured model (``arch``: llama = SwiGLU/RMSNorm/RoPE, gpt/mpt = GELU/LayerNorm)."""
+
+    arch: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingRow:
+    """One published step-time / throughput / MFU measurement with its full configuration."""
+
+    name: str
+    dataset: str
+    model: str
+    preset: str | None  # a trainplan preset name when the model is one, else None (use ``dims``)
+    dims: ModelDims | None
+    hardware: str
+    hardware_variant: str
+    num_devices: int
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    zero: int | None  # None: not published
+    sequence_parallel: bool | None
+    pp_schedule: str | None
+    virtual_stages: int | None
+    micro_batch: int | None  # sequences per device per micro-step
+    global_batch: int | None  # sequences per optimizer step
+    seq_len: int | None
+    precision: str
+    precision_detail: str
+    recompute: str  # none | selective | full | unstated
+    method: str
+    variant: str
+    scope: Scope  # "step": one optimizer step; "layer": forward+backward of one transformer layer
+    measured_step_s: float | None
+    measured_tokens_per_s: float | None  # all devices together
+    measured_tokens_per_s_per_device: float | None
+    measured_tflops_per_device: float | None  # under ``mfu_convention``
+    measured_mfu: float | None  # fraction (0.43), under ``mfu_convention``
+    mfu_convention: str
+    derived_step_s: float | None
+    derivation: str
+    verification: Verification
+    split: Split
+    date: str
+    source: str
+    notes: str
+
+    @property
+    def is_target(self) -> bool:
+        """True when every number and the configuration are published (a test target)."""
+        return self.verification in TARGET_VERIFICATIONS
+
+    @property
+    def step_s(self) -> float | None:
+        """Published step time, else the derived one (see ``derivation``)."""
+        return self.measured_step_s if self.measured_step_s is not None else self.derived_step_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Throughput of all devices together, published or from the per-device figure."""
+        if self.measured_tokens_per_s is not None:
+            return self.measured_tokens_per_s
+        if self.measured_tokens_per_s_per_device is not None:
+            return self.measured_tokens_per_s_per_device * self.num_devices
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRow:
+    """One published per-device (or whole-job) memory figure with its configuration."""
+
+    name: str
+    dataset: str
+    model: str
+    preset: str | None
+    dims: ModelDims | None
+    params: float | None  # when the source gives a parameter count instead of dimensions
+    hardware: str
+    hardware_variant: str
+    num_devices: int | None
+    dp: int | None
+    tp: int | None
+    pp: int | None
+    cp: int | None
+    zero: int | None
+    method: str
+    precision: str
+    optimizer: str
+    micro_batch: int | None
+    seq_len: int | None
+    recompute: str
+    quantity: MemoryQuantity
+    bound: Bound  # eq: the value; lt: "less than"; gt: "more than" (e.g. OOM on an 80 GB device)
+    measured_value: float
+    unit: MemoryUnit
+    verification: Verification
+    split: Split
+    date: str
+    source: str
+    notes: str
+
+    @property
+    def measured_bytes(self) -> float:
+        return self.measured_value * UNIT_BYTES[self.unit]
+
+    @property
+    def is_target(self) -> bool:
+        return self.verification in TARGET_VERIFICATIONS
+
+
+Row = TimingRow | MemoryRow
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetInfo:
+    """Registry entry: what a dataset measures and the error bound it is judged against."""
+
+    name: str
+    kind: Kind
+    metric: Metric
+    mape_bound: float  # mean absolute percentage error allowed on its target rows (0.05 = 5 %)
+    description: str
+    source: str
+
+
+_SRC_MEGATRON = "Narayanan et al. 2021 (SC21, arXiv:2104.04473) Table 1"
+_SRC_KORTH = "Korthikanti et al. 2022 (MLSys 2023, arXiv:2205.05198)"
+
+REGISTRY: Final[dict[str, DatasetInfo]] = {
+    d.name: d
+    for d in (
+        DatasetInfo(
+            name="megatron2021_table1",
+            kind="timing",
+            metric="step_s",
+            mape_bound=0.05,
+            description="GPT 1.7B-1T weak scaling on A100-80GB, TP/PP/DP, full recompute; step time from Eq. 3",
+            source=_SRC_MEGATRON,
+        ),
+        DatasetInfo(
+            name="korthikanti2022_table5",
+            kind="timing",
+            metric="step_s",
+            mape_bound=0.10,
+            description="22B/175B/530B/1T iteration time, full recompute vs sequence parallel + selective",
+            source=_SRC_KORTH + " Tables 3 and 5",
+        ),
+        DatasetInfo(
+            name="korthikanti2022_table4",
+            kind="timing",
+            metric="layer_s",
+            mape_bound=0.15,
+            description="22B per-layer forward+backward time for five recompute / sequence-parallel variants",
+            source=_SRC_KORTH + " Table 4",
+        ),
+        DatasetInfo(
+            name="llmfoundry_mpt",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.15,
+            description="MPT 125M-70B, FSDP (ZeRO-3/ZeRO-2) on A100-40GB/A100-80GB/H100, seq 512-65536, bf16/fp8",
+            source="mosaicml/llm-foundry scripts/train/benchmarking/README.md (2023-06..2024-01)",
+        ),
+        DatasetInfo(
+            name="torchtitan_llama3",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.20,
+            description="Llama 3.1 8B/70B/405B on H100 (96GB, 500 W) and H200: FSDP, TP, PP, CP, float8",
+            source="pytorch/torchtitan benchmarks/*.md (2024-12, 2025-06)",
+        ),
+        DatasetInfo(
+            name="nemo2407_h100",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.15,
+            description="NeMo 24.07 on DGX-H100, FP8: GPT-3 175B, Llama 2 7B-70B, Llama 3 8B/70B (TP/PP/CP/VP)",
+            source="NVIDIA/NeMo docs/source/performance/performance_summary.md (2024-08)",
+        ),
+        DatasetInfo(
+            name="megatron_bridge_llama3",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.15,
+            description="Llama 3 8B/70B/405B on H100/B200/GB200/GB300, FP8/MXFP8/NVFP4, TP/PP/CP/VP or FSDP",
+            source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (25.11, 26.02, 26.04.01)",
+        ),
+        DatasetInfo(
+            name="llama3_paper_table4",
+            kind="timing",
+            metric="mfu",
+            mape_bound=0.15,
+            description="Llama 3 405B pre-training on 8K/16K H100: TP/CP/PP/DP, TFLOP/s per GPU and BF16 MFU",
+            source="Llama Team 2024 (arXiv:2407.21783) Table 4",
+        ),
+        DatasetInfo(
+            name="torchtune_throughput",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.30,
+            description="torchtune full/LoRA/QLoRA fine-tuning tokens/s on RTX 4090, A6000, A100",
+            source="pytorch/torchtune README.md 'Memory and training speed'",
+        ),
+        DatasetInfo(
+            name="torchtune_memory",
+            kind="memory",
+            metric="memory_bytes",
+            mape_bound=0.20,
+            description="torchtune peak memory per GPU for full/LoRA/QLoRA fine-tuning",
+            source="pytorch/torchtune README.md",
+        ),
+        DatasetInfo(
+            name="torchtitan_memory",
+            kind="memory",
+            metric="memory_bytes",
+            mape_bound=0.20,
+            description="torchtitan peak reserved memory per GPU (max over ranks) for the torchtitan_llama3 runs",
+            source="pytorch/torchtitan benchmarks/*.md",
+        ),
+        DatasetInfo(
+            name="zero2020_table1",
+            kind="memory",
+            metric="memory_bytes",
+            mape_bound=0.01,
+            description="ZeRO stage 1/2/3 model-state memory per device (analytical, 16 bytes/param mixed Adam)",
+            source="Rajbhandari et al. 2020 (SC20, arXiv:1910.02054) Table 1",
+        ),
+        DatasetInfo(
+            name="peft_memory_claims",
+            kind="memory",
+            metric="memory_bytes",
+            mape_bound=0.50,
+            description="LoRA/QLoRA/PEFT memory claims (order-of-magnitude checks and bounds)",
+            source="Hu et al. 2021; Dettmers et al. 2023; huggingface/peft README",
+        ),
+    )
+}
+
+
+def _file_text(name: str) -> str:
+    return resources.files("trainplan.validate").joinpath("data", f"{name}.csv").read_text(encoding="utf-8")
+
+
+class _Cells:
+    """Typed access to one CSV row with errors that name file, row and column."""
+
+    def __init__(self, dataset: str, line: int, raw: Mapping[str, str]) -> None:
+        self.dataset, self.line, self.raw = dataset, line, raw
+
+    def fail(self, column: str, message: str) -> DatasetError:
+        return DatasetError(f"{self.dataset}.csv line {self.line} column {column}", message)
+
+    def text(self, column: str) -> str:
+        if column not in self.raw:
+            raise self.fail(column, "missing column")
+        return (self.raw[column] or "").strip()
+
+    def opt_int(self, column: str) -> int | None:
+        v = self.text(column)
+        if v == "":
+            return None
+        try:
+            return int(v)
+        except ValueError:
+            raise self.fail(column, f"expected an integer, got {v!r}") from None
+
+    def req_int(self, column: str) -> int:
+        v = self.opt_int(column)
+        if v is None:
+            raise self.fail(column, "required integer is empty")
+        return v
+
+    def opt_float(self, column: str) -> float | None:
+        v = self.text(column)
+        if v == "":
+            return None
+        try:
+            return float(v)
+        except ValueError:
+            raise self.fail(column, f"expected a number, got {v!r}") from None
+
+    def opt_bool(self, column: str) -> bool | None:
+        v = self.text(column).lower()
+        if v == "":
+            return None
+        if v in ("true", "false"):
+            return v == "true"
+        raise self.fail(column, f"expected true/false, got {v!r}")
+
+    def choice(self, column: str, choices: tuple[str, ...]) -> str:
+        v = self.text(column)
+        if v not in choices:
+            raise self.fail(column, f"{v!r} is not one of {', '.join(choices)}")
+        return v
+
+    def dims(self) -> ModelDims | None:
+        cols = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+        if all(self.text(c) == "" for c in cols):
+            return None
+        layers, hidden, heads, kv, ffn, vocab = (self.req_int(c) for c in cols)
+        arch = (
+            self.text("arch") if "arch" in self.raw else ("llama" if "llama" in self.text("model") else "gpt")
+        )
+        return ModelDims(
+            arch=arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv, ffn=ffn, vocab=vocab
+        )
+
+
+_VERIFICATION_OF: Final[dict[str, Verification]] = {
+    "VERBATIM": "VERBATIM",
+    "DERIVED": "DERIVED",
+    "INCOMPLETE": "INCOMPLETE",
+    "UNVERIFIED": "UNVERIFIED",
+    "OUT_OF_SCOPE": "OUT_OF_SCOPE",
+}
+
+
+def _verification(c: _Cells) -> Verification:
+    return _VERIFICATION_OF[c.choice("verification", VERIFICATIONS)]
+
+
+def _split(c: _Cells) -> Split:
+    return "calibrate" if c.choice("split", SPLITS) == "calibrate" else "validate"
+
+
+def _rows(name: str) -> list[_Cells]:
+    reader = csv.DictReader(io.StringIO(_file_text(name)))
+    return [_Cells(name, i + 2, raw) for i, raw in enumerate(reader)]
+
+
+def _timing(c: _Cells) -> TimingRow:
+    model = c.text("model")
+    scope_text = c.choice("scope", ("step", "layer"))
+    scope: Scope = "layer" if scope_text == "layer" else "step"
+    mfu = c.opt_float("measured_mfu")
+    if mfu is not None and not 0.0 < mfu < 1.0:
+        raise c.fail("measured_mfu", f"MFU is a fraction in (0, 1), got {mfu}")
+    for col in ("name", "hardware", "source", "precision", "method"):
+        if not c.text(col):
+            raise c.fail(col, "must not be empty")
+    return TimingRow(
+        name=c.text("name"),
+        dataset=c.dataset,
+        model=model,
+        preset=model if model in PRESETS else None,
+        dims=c.dims(),
+        hardware=c.text("hardware"),
+        hardware_variant=c.text("hardware_variant"),
+        num_devices=c.req_int("num_devices"),
+        dp=c.req_int("dp"),
+        tp=c.req_int("tp"),
+        pp=c.req_int("pp"),
+        cp=c.req_int("cp"),
+        ep=c.req_int("ep"),
+        zero=c.opt_int("zero"),
+        sequence_parallel=c.opt_bool("sequence_parallel"),
+        pp_schedule=c.text("pp_schedule") or None,
+        virtual_stages=c.opt_int("virtual_stages"),
+        micro_batch=c.opt_int("micro_batch"),
+        global_batch=c.opt_int("global_batch"),
+        seq_len=c.opt_int("seq_len"),
+        precision=c.choice("precision", ("fp32", "bf16", "fp16", "fp8", "fp4")),
+        precision_detail=c.text("precision_detail"),
+        recompute=c.choice("recompute", RECOMPUTE_VALUES),
+        method=c.choice("method", ("pretrain", "full", "lora", "qlora")),
+        variant=c.text("variant"),
+        scope=scope,
+        measured_step_s=c.opt_float("measured_step_s"),
+        measured_tokens_per_s=c.opt_float("measured_tokens_per_s"),
+        measured_tokens_per_s_per_device=c.opt_float("measured_tokens_per_s_per_device"),
+        measured_tflops_per_device=c.opt_float("measured_tflops_per_device"),
+        measured_mfu=mfu,
+        mfu_convention=c.text("mfu_convention"),
+        derived_step_s=c.opt_float("derived_step_s"),
+        derivation=c.text("derivation"),
+        verification=_verification(c),
+        split=_split(c),
+        date=c.text("date"),
+        source=c.text("source"),
+        notes=c.text("notes"),
+    )
+
+
+def _memory(c: _Cells) -> MemoryRow:
+    model = c.text("model")
+    unit_text = c.choice("unit", tuple(UNIT_BYTES))
+    unit: MemoryUnit = "GB" if unit_text == "GB" else ("GiB" if unit_text == "GiB" else "TB")
+    q = c.choice("quantity", get_args(MemoryQuantity))
+    quantity: MemoryQuantity = next(x for x in get_args(MemoryQuantity) if x == q)
+    b = c.choice("bound", get_args(Bound))
+    bound: Bound = "lt" if b == "lt" else ("gt" if b == "gt" else "eq")
+    value = c.opt_float("measured_value")
+    if value is None or value <= 0:
+        raise c.fail("measured_value", f"expected a positive number, got {c.text('measured_value')!r}")
+    if not c.text("source"):
+        raise c.fail("source", "must not be empty")
+    return MemoryRow(
+        name=c.text("name"),
+        dataset=c.dataset,
+        model=model,
+        preset=model if model in PRESETS else None,
+        dims=c.dims(),
+        params=c.opt_float("params"),
+        hardware=c.text("hardware"),
+        hardware_variant=c.text("hardware_variant"),
+        num_devices=c.opt_int("num_devices"),
+        dp=c.opt_int("dp"),
+        tp=c.opt_int("tp"),
+        pp=c.opt_int("pp"),
+        cp=c.opt_int("cp"),
+        zero=c.opt_int("zero"),
+        method=c.choice("method", ("pretrain", "full", "lora", "qlora")),
+        precision=c.text("precision"),
+        optimizer=c.text("optimizer"),
+        micro_batch=c.opt_int("micro_batch"),
+        seq_len=c.opt_int("seq_len"),
+        recompute=c.text("recompute") or "unstated",
+        quantity=quantity,
+        bound=bound,
+        measured_value=value,
+        unit=unit,
+        verification=_verification(c),
+        split=_split(c),
+        date=c.text("date"),
+        source=c.text("source"),
+        notes=c.text("notes"),
+    )
+
+
+def _info(name: str) -> DatasetInfo:
+    if name not in REGISTRY:
+        raise DatasetError("dataset", f"unknown dataset {name!r}; choose one of {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def timing_rows(name: str) -> list[TimingRow]:
+    """Rows of one timing dataset (``REGISTRY[name].kind == "timing"``)."""
+    if _info(name).kind != "timing":
+        raise DatasetError("dataset", f"{name} is a memory dataset; use memory_rows()")
+    return [_timing(c) for c in _rows(name)]
+
+
+def memory_rows(name: str) -> list[MemoryRow]:
+    """Rows of one memory dataset (``REGISTRY[name].kind == "memory"``)."""
+    if _info(name).kind != "memory":
+        raise DatasetError("dataset", f"{name} is a timing dataset; use timing_rows()")
+    return [_memory(c) for c in _rows(name)]
+
+
+def load(name: str) -> list[Row]:
+    rows: list[Row] = []
+    if _info(name).kind == "timing":
+        rows.extend(timing_rows(name))
+    else:
+        rows.extend(memory_rows(name))
+    return rows
+
+
+def datasets() -> dict[str, list[Row]]:
+    """Every packaged dataset by name, in registry order."""
+    return {name: load(name) for name in REGISTRY}
+
+
+def targets(rows: list[TimingRow], split: Split) -> list[TimingRow]:
+    """The rows of ``split`` that are test targets (verified number and complete configuration)."""
+    return [r for r in rows if r.split == split and r.is_target]
+
+
+def scheme_pairs(
+    rows: list[TimingRow], *, include_incomplete: bool = True
+) -> list[tuple[TimingRow, TimingRow]]:
+    """Pairs (faster, slower) of rows from one table that differ only in parallel layout.
+
+    Same dataset and date (one software release), hardware (and variant), model, device count,
+    global batch, sequence length, precision (and detail), recompute, method and software variant;
+    different dp/tp/pp/cp/zero/schedule/micro-batch. A model that ranks layouts must put the first
+    of each pair ahead of the second. INCOMPLETE rows are included by default: the unpublished
+    field is the same unknown on both sides, and only the order is judged.
+    """
+    allowed = (*TARGET_VERIFICATIONS, "INCOMPLETE") if include_incomplete else TARGET_VERIFICATIONS
+    groups: dict[tuple[object, ...], list[TimingRow]] = {}
+    for r in rows:
+        if r.verification not in allowed or r.scope != "step" or r.tokens_per_s is None:
+            continue
+        key = (
+            r.dataset,
+            r.date,
+            r.hardware,
+            r.hardware_variant,
+            r.model,
+            r.num_devices,
+            r.global_batch,
+            r.seq_len,
+            r.precision,
+            r.precision_detail,
+            r.recompute,
+            r.method,
+            r.variant,
+        )
+        groups.setdefault(key, []).append(r)
+    pairs: list[tuple[TimingRow, TimingRow]] = []
+    for group in groups.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                layout_a = (a.dp, a.tp, a.pp, a.cp, a.zero, a.pp_schedule, a.virtual_stages, a.micro_batch)
+                layout_b = (b.dp, b.tp, b.pp, b.cp, b.zero, b.pp_schedule, b.virtual_stages, b.micro_batch)
+                if layout_a == layout_b:
+                    continue
+                ta, tb = a.tokens_per_s or 0.0, b.tokens_per_s or 0.0
+                pairs.append((a, b) if ta >= tb else (b, a))
+    return pairs

@@ -1,0 +1,328 @@
+"""The packaged validation datasets load, cite their sources, and their derived columns recompute."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from trainplan.validate import (
+    REGISTRY,
+    DatasetError,
+    MemoryRow,
+    ModelDims,
+    TimingRow,
+    datasets,
+    memory_rows,
+    scheme_pairs,
+    targets,
+    timing_rows,
+)
+
+ALL = datasets()
+TIMING = {name: rows for name, rows in ALL.items() if REGISTRY[name].kind == "timing"}
+MEMORY = {name: rows for name, rows in ALL.items() if REGISTRY[name].kind == "memory"}
+
+
+def _timing(name: str) -> list[TimingRow]:
+    return timing_rows(name)
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a / b - 1.0)
+
+
+def _layer_params(d: ModelDims) -> int:
+    """Weights of the transformer layers (no embeddings, no norms, no biases)."""
+    if d.arch == "llama":
+        q_o = 2 * d.hidden * d.heads * d.head_dim
+        kv = 2 * d.hidden * d.kv_heads * d.head_dim
+        return d.layers * (q_o + kv + 3 * d.hidden * d.ffn)
+    return d.layers * (4 * d.hidden * d.hidden + 2 * d.hidden * d.ffn)
+
+
+# ---------------------------------------------------------------- every dataset
+
+
+def test_registry_matches_files() -> None:
+    assert set(ALL) == set(REGISTRY)
+    for name, rows in ALL.items():
+        assert rows, f"{name} is empty"
+        assert 0.0 < REGISTRY[name].mape_bound < 1.0
+        assert REGISTRY[name].source
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_row_has_source_date_and_unique_name(name: str) -> None:
+    rows = ALL[name]
+    names = [r.name for r in rows]
+    assert len(names) == len(set(names)), f"duplicate row names in {name}"
+    for r in rows:
+        assert r.dataset == name
+        assert len(r.source) > 20, r.name
+        assert re.match(r"^\d{4}-\d{2}", r.date), (r.name, r.date)
+        assert r.split in ("calibrate", "validate")
+
+
+def test_row_names_unique_across_datasets_of_one_kind() -> None:
+    for group in (TIMING, MEMORY):
+        names = [r.name for rows in group.values() for r in rows]
+        assert len(names) == len(set(names))
+
+
+def test_unverified_rows_are_never_targets() -> None:
+    for rows in ALL.values():
+        for r in rows:
+            assert r.is_target == (r.verification in ("VERBATIM", "DERIVED"))
+
+
+def test_judged_datasets_never_calibrate() -> None:
+    """Rows that judge the model in the issue's must-show list are validation-only."""
+    for name in (
+        "megatron2021_table1",
+        "korthikanti2022_table5",
+        "korthikanti2022_table4",
+        "llama3_paper_table4",
+    ):
+        assert {r.split for r in ALL[name]} == {"validate"}
+    calibrating = {name for name, rows in ALL.items() if any(r.split == "calibrate" for r in rows)}
+    assert calibrating == {"llmfoundry_mpt", "nemo2407_h100", "megatron_bridge_llama3"}
+
+
+def test_calibrate_rows_are_single_node_pretraining() -> None:
+    for rows in TIMING.values():
+        for r in rows:
+            assert isinstance(r, TimingRow)
+            if r.split == "calibrate":
+                assert r.num_devices <= 8 and r.method == "pretrain" and r.is_target, r.name
+
+
+def test_every_validated_family_has_validation_rows() -> None:
+    hardware = {
+        r.hardware
+        for rows in TIMING.values()
+        for r in rows
+        if isinstance(r, TimingRow) and r.split == "validate"
+    }
+    assert {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "gb200"} <= hardware
+
+
+# ---------------------------------------------------------------- timing rows, common checks
+
+
+@pytest.mark.parametrize("name", sorted(TIMING))
+def test_layout_multiplies_to_devices(name: str) -> None:
+    for r in _timing(name):
+        assert r.dp * r.tp * r.pp * r.cp == r.num_devices, r.name
+        if r.dims is not None:
+            assert r.dims.heads % r.tp == 0 and r.dims.ffn % r.tp == 0, r.name
+        if r.global_batch is not None and r.micro_batch is not None and r.scope == "step":
+            assert r.global_batch % (r.dp * r.micro_batch) == 0, r.name
+        if r.pp_schedule == "interleaved" and r.virtual_stages is not None:
+            assert r.virtual_stages > 1 and r.pp > 1, r.name
+
+
+@pytest.mark.parametrize("name", sorted(TIMING))
+def test_every_timing_row_has_a_measured_value(name: str) -> None:
+    for r in _timing(name):
+        measured = (
+            r.measured_step_s,
+            r.measured_tokens_per_s,
+            r.measured_tokens_per_s_per_device,
+            r.measured_tflops_per_device,
+            r.measured_mfu,
+        )
+        assert any(v is not None for v in measured), r.name
+        assert r.model and (r.preset is not None or r.dims is not None), r.name
+        if r.is_target and r.scope == "step":
+            assert r.step_s is not None and r.step_s > 0, r.name
+
+
+@pytest.mark.parametrize("name", sorted(TIMING))
+def test_derived_step_time_recomputes_from_throughput(name: str) -> None:
+    for r in _timing(name):
+        if r.derived_step_s is None or "tokens_per_s" not in r.derivation:
+            continue
+        assert r.global_batch is not None and r.seq_len is not None
+        tokens = r.global_batch * r.seq_len
+        if r.measured_tokens_per_s is not None:
+            expected = tokens / r.measured_tokens_per_s
+        else:
+            assert r.measured_tokens_per_s_per_device is not None
+            expected = tokens / (r.measured_tokens_per_s_per_device * r.num_devices)
+        assert _rel(r.derived_step_s, expected) < 1e-4, r.name
+
+
+# ---------------------------------------------------------------- megatron2021 (Eq. 2, Eq. 3)
+
+
+def test_megatron2021_step_time_from_eq3_and_achieved_tflops() -> None:
+    rows = _timing("megatron2021_table1")
+    assert len(rows) == 10
+    for r in rows:
+        assert r.dims is not None and r.global_batch is not None and r.seq_len is not None
+        assert r.measured_tflops_per_device is not None and r.derived_step_s is not None
+        B, s, L, h, V = r.global_batch, r.seq_len, r.dims.layers, r.dims.hidden, r.dims.vocab
+        flops = 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
+        step_s = flops / (r.num_devices * r.measured_tflops_per_device * 1e12)
+        assert _rel(r.derived_step_s, step_s) < 1e-4, r.name
+        # Eq. 2 parameter count reproduces the size in the row name.
+        params = 12 * L * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
+        size_b = float(re.search(r"gpt-([\d.]+)b", r.model).group(1))  # type: ignore[union-attr]
+        assert round(params / 1e9, 1) == size_b, r.name  # Table 1 prints one decimal
+        assert r.recompute == "full" and r.zero == 0
+
+
+def test_megatron2021_spot_values() -> None:
+    by_name = {r.name: r for r in _timing("megatron2021_table1")}
+    assert by_name["megatron2021-1.7b"].derived_step_s == pytest.approx(3.53, rel=2e-3)
+    assert by_name["megatron2021-1008.0b"].derived_step_s == pytest.approx(102.63, rel=2e-3)
+
+
+# ---------------------------------------------------------------- korthikanti2022
+
+
+def test_korthikanti_table5_pairs_and_speedup() -> None:
+    rows = {r.name: r for r in _timing("korthikanti2022_table5")}
+    published_gain_pct = {"22b": 29.0, "175b": 31.8, "530b": 29.7, "1t": 32.1}
+    for size, gain in published_gain_pct.items():
+        full = rows[f"korthikanti2022-{size}-full-recompute"]
+        sel = rows[f"korthikanti2022-{size}-sp-selective"]
+        assert full.measured_step_s is not None and sel.measured_step_s is not None
+        assert full.recompute == "full" and sel.recompute == "selective" and sel.sequence_parallel
+        # Throughput increase printed in Table 5 = full / selective - 1.
+        assert (full.measured_step_s / sel.measured_step_s - 1) * 100 == pytest.approx(gain, abs=0.15)
+
+
+def test_korthikanti_table4_combined_is_forward_plus_backward() -> None:
+    for r in _timing("korthikanti2022_table4"):
+        fwd = float(re.search(r"forward_ms=([\d.]+)", r.notes).group(1))  # type: ignore[union-attr]
+        bwd = float(re.search(r"backward_ms=([\d.]+)", r.notes).group(1))  # type: ignore[union-attr]
+        assert r.scope == "layer" and r.measured_step_s is not None
+        assert r.measured_step_s * 1e3 == pytest.approx(fwd + bwd, abs=0.051)
+
+
+# ---------------------------------------------------------------- llm-foundry (MPT)
+
+
+def test_llmfoundry_params_and_mfu_recompute() -> None:
+    rows = _timing("llmfoundry_mpt")
+    assert len(rows) >= 200
+    for r in rows:
+        d = r.dims
+        assert d is not None and r.seq_len is not None and r.measured_tokens_per_s is not None
+        L, h, V, s = d.layers, d.hidden, d.vocab, r.seq_len
+        params = 12 * L * h * h + 13 * L * h + (V + s + 2) * h
+        published = int(re.search(r"NumParams (\d+)", r.notes).group(1))  # type: ignore[union-attr]
+        assert params == published, r.name
+        # llm-foundry MFU: (6*N*s + 12*L*h*s^2) * seq/s / (gpus * peak)
+        peak = {"a100-40gb": 312e12, "a100-80gb": 312e12}.get(
+            r.hardware, 989.5e12 if r.precision == "bf16" else 1979e12
+        )
+        mfu = (6 * params + 12 * L * h * s) * r.measured_tokens_per_s / (r.num_devices * peak)
+        assert r.measured_mfu is not None and _rel(mfu, r.measured_mfu) < 0.01, r.name
+        # Per-GPU throughput is the printed total divided by the GPU count (rounded in the README).
+        assert r.measured_tokens_per_s_per_device is not None
+        assert abs(r.measured_tokens_per_s / r.num_devices - r.measured_tokens_per_s_per_device) <= 1.0, (
+            r.name
+        )
+
+
+def test_llmfoundry_split_holds_out_a100_40gb_and_multinode() -> None:
+    for r in _timing("llmfoundry_mpt"):
+        expected = "calibrate" if (r.num_devices == 8 and r.hardware != "a100-40gb") else "validate"
+        assert r.split == expected, r.name
+
+
+# ---------------------------------------------------------------- NVIDIA NeMo / Megatron-Bridge
+
+
+@pytest.mark.parametrize(
+    ("name", "attention_factor", "tolerance"),
+    [("nemo2407_h100", 12, 0.01), ("megatron_bridge_llama3", 6, 0.03)],
+)
+def test_nvidia_model_tflops_recompute_from_tokens(
+    name: str, attention_factor: int, tolerance: float
+) -> None:
+    """Model TFLOP/s = tokens/s/GPU x (6 N_layers + 6 V h + a*l*h*s): a=12 (NeMo 24.07), a=6 causal (Bridge)."""
+    checked = 0
+    for r in _timing(name):
+        if r.method != "pretrain":
+            continue  # packed fine-tuning sequences: attention FLOPs per packed sample are not published
+        d = r.dims
+        assert d is not None and r.seq_len is not None
+        assert r.measured_tokens_per_s_per_device is not None and r.measured_tflops_per_device is not None
+        per_token = (
+            6 * _layer_params(d) + 6 * d.vocab * d.hidden + attention_factor * d.layers * d.hidden * r.seq_len
+        )
+        tflops = per_token * r.measured_tokens_per_s_per_device / 1e12
+        assert _rel(tflops, r.measured_tflops_per_device) < tolerance, r.name
+        checked += 1
+    assert checked >= 7
+
+
+# ---------------------------------------------------------------- Llama 3 paper, torchtitan
+
+
+def test_llama3_paper_batch_and_mfu() -> None:
+    for r in _timing("llama3_paper_table4"):
+        assert r.global_batch is not None and r.seq_len is not None
+        assert r.global_batch * r.seq_len == pytest.approx(16.8e6, rel=0.01)  # "16M tokens/batch"
+        assert r.measured_tflops_per_device is not None and r.measured_mfu is not None
+        assert r.measured_tflops_per_device / 989 == pytest.approx(r.measured_mfu, abs=0.006)
+        assert not r.is_target  # micro-batch and virtual stages are not published
+
+
+def test_torchtitan_pipeline_rows_are_incomplete_and_ranked() -> None:
+    rows = _timing("torchtitan_llama3")
+    for r in rows:
+        assert r.is_target == (r.pp == 1), r.name
+    pairs = scheme_pairs(rows)
+    assert [(a.pp_schedule, b.pp_schedule) for a, b in pairs] == [("interleaved", "1f1b")]
+
+
+# ---------------------------------------------------------------- memory rows
+
+
+def test_memory_units_convert_to_bytes() -> None:
+    rows = {r.name: r for r in memory_rows("torchtitan_memory")}
+    r = rows["torchtitan-h200-8b-32gpu-fsdp-float8-s8192"]
+    assert r.unit == "GiB" and r.measured_bytes == pytest.approx(47.96 * 2**30)
+    z = memory_rows("zero2020_table1")[0]
+    assert z.unit == "GB" and z.measured_bytes == pytest.approx(z.measured_value * 1e9)
+    claims = {r.name: r for r in memory_rows("peft_memory_claims")}
+    assert claims["lora2021-gpt3-175b-full"].measured_bytes == pytest.approx(1.2e12)
+    assert claims["qlora2023-llama-65b-qlora"].bound == "lt"
+
+
+def test_zero_table1_recomputes_from_stage_formulas() -> None:
+    for r in memory_rows("zero2020_table1"):
+        assert r.params is not None and r.dp is not None
+        psi, nd = r.params, r.dp
+        bytes_ = {1: 4 * psi + 12 * psi / nd, 2: 2 * psi + 14 * psi / nd, 3: 16 * psi / nd}[r.zero or 0]
+        # Table 1 prints three significant figures (e.g. 41.3 for 41.25, 4187 for 4187.5).
+        assert abs(bytes_ / 1e9 - r.measured_value) <= max(0.006 * r.measured_value, 0.51), r.name
+
+
+@pytest.mark.parametrize("name", sorted(MEMORY))
+def test_memory_rows_parse(name: str) -> None:
+    for r in memory_rows(name):
+        assert isinstance(r, MemoryRow)
+        assert r.measured_bytes > 0
+        assert r.preset is not None or r.dims is not None or r.params is not None, r.name
+
+
+# ---------------------------------------------------------------- loader behaviour
+
+
+def test_targets_filter_by_split() -> None:
+    rows = _timing("llmfoundry_mpt")
+    cal, val = targets(rows, "calibrate"), targets(rows, "validate")
+    assert cal and val and not {r.name for r in cal} & {r.name for r in val}
+
+
+def test_unknown_dataset_and_wrong_kind_name_the_problem() -> None:
+    with pytest.raises(DatasetError, match="unknown dataset"):
+        timing_rows("nope")
+    with pytest.raises(DatasetError, match="memory dataset"):
+        timing_rows("zero2020_table1")
