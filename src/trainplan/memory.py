@@ -33,7 +33,7 @@ from trainplan.errors import RecipeError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Recipe
-from trainplan.sharding import DeviceParams, Linear, device_params, stage_layers
+from trainplan.sharding import DeviceParams, Linear, device_params, layer_kinds, stage_layers
 from trainplan.units import GiB, fmt_bytes
 
 # --- named assumptions of the overhead terms ----------------------------------------------
@@ -339,15 +339,15 @@ def optimizer_state_bytes_per_param(recipe: Recipe) -> float:
     return table[recipe.optimizer]
 
 
-def adafactor_state_params(linears: tuple[Linear, ...], other_params: int) -> float:
+def adafactor_state_params(linears: tuple[tuple[Linear, int], ...], other_params: int) -> float:
     """Adafactor (Shazeer & Stern 2018, Alg. 4, beta1 = 0): factored second moment, one row and one
     column vector per matrix (r + c values); a full second moment for vectors (norms, biases,
     embeddings counted as matrices of V × h)."""
     n = 0.0
-    for lin in linears:
+    for lin, n_layers in linears:
         rows = lin.out_features // (lin.tp if lin.split == "column" else 1)
         cols = lin.in_features // (lin.tp if lin.split == "row" else 1)
-        n += lin.count * (rows + cols)
+        n += n_layers * lin.count * (rows + cols)
     return n + other_params
 
 
@@ -461,10 +461,10 @@ def _stage_breakdown(
     inflight = inflight_microbatches(layout, stage, num_microbatches)
     act_terms: dict[str, float] = {}
     largest_layer_full = 0.0
-    for i in dev.layers:
+    for i, n_layers in layer_kinds(model, dev.layers):
         la = layer_activations(model, recipe, layout, i)
         for k, v in la.terms.items():
-            act_terms[k] = act_terms.get(k, 0.0) + v * inflight
+            act_terms[k] = act_terms.get(k, 0.0) + v * inflight * n_layers
         if recipe.recompute == "full":
             full = layer_activations(model, replace(recipe, recompute="none"), layout, i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)

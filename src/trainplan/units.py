@@ -10,10 +10,10 @@ KB = 1e3
 MB = 1e6
 GB = 1e9
 TB = 1e12
-KiB = 2**10
-MiB = 2**20
-GiB = 2**30
-TiB = 2**40
+KiB = 2.0**10
+MiB = 2.0**20
+GiB = 2.0**30
+TiB = 2.0**40
 
 TFLOPS = 1e12
 PFLOPS = 1e15

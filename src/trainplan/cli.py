@@ -1,0 +1,335 @@
+"""Command line: thin wrappers around the library. Exit 0 on success, 2 on bad input (one line)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from trainplan.errors import TrainplanError
+from trainplan.units import GB, GiB, fmt_count
+
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad flags as one line and exit status 2 (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"trainplan: error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def add_hardware_file_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--hardware-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="extra accelerator catalog file (TOML, same schema as the built-ins); repeatable",
+    )
+
+
+def add_recipe_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+    """Recipe flags shared by estimate, plan, compare, verify and export."""
+    from trainplan import recipe as r
+
+    g = p.add_argument_group("recipe")
+    g.add_argument("--method", choices=r.METHODS, default="pretrain" if defaults else None)
+    g.add_argument("--precision", choices=r.PRECISIONS, default="bf16" if defaults else None)
+    g.add_argument("--optimizer", choices=r.OPTIMIZERS, default="adamw" if defaults else None)
+    g.add_argument(
+        "--seq-len", type=_positive_int, default=4096 if defaults else None, help="tokens per sequence"
+    )
+    g.add_argument(
+        "--micro-batch", type=_positive_int, default=1 if defaults else None, help="sequences per device"
+    )
+    g.add_argument(
+        "--global-batch",
+        type=_positive_int,
+        default=None,
+        help="sequences per optimizer step (default dp·micro)",
+    )
+    g.add_argument(
+        "--tokens", type=_positive_float, default=None, help="tokens to train for (time, cost, energy)"
+    )
+    g.add_argument("--recompute", choices=r.RECOMPUTES, default="none" if defaults else None)
+    g.add_argument("--attention", choices=r.ATTENTIONS, default="flash" if defaults else None)
+    g.add_argument("--offload", choices=r.OFFLOADS, default="none" if defaults else None)
+    g.add_argument("--lora-rank", type=_positive_int, default=None)
+    g.add_argument(
+        "--lora-targets", default=None, help="comma-separated modules among " + ",".join(r.LORA_TARGETS)
+    )
+    g.add_argument("--no-double-quant", action="store_true", help="QLoRA without double quantization")
+    g.add_argument("--dropout", type=float, default=0.0, help="dropout probability (stores 1-byte masks)")
+    g.add_argument(
+        "--no-master-weights",
+        action="store_true",
+        help="pure 16-bit training: no FP32 master copy, optimizer states in the weight dtype",
+    )
+
+
+def add_layout_arguments(p: argparse.ArgumentParser) -> None:
+    from trainplan.layout import PIPELINE_SCHEDULES
+
+    g = p.add_argument_group("layout")
+    g.add_argument(
+        "--devices", type=_positive_int, default=1, help="number of accelerators (dp = devices/(tp·pp·cp))"
+    )
+    g.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=_positive_int, default=1, help="pipeline stages")
+    g.add_argument("--cp", type=_positive_int, default=1, help="context-parallel degree")
+    g.add_argument("--ep", type=_positive_int, default=1, help="expert-parallel degree")
+    g.add_argument(
+        "--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage (FSDP full shard = 3)"
+    )
+    g.add_argument(
+        "--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)"
+    )
+    g.add_argument("--pp-schedule", choices=PIPELINE_SCHEDULES, default="1f1b")
+    g.add_argument(
+        "--virtual-stages", type=_positive_int, default=1, help="interleaved pipeline chunks per device"
+    )
+
+
+def recipe_from_args(args: argparse.Namespace) -> object:
+    from trainplan.recipe import LORA_TARGETS, LoRASpec, Recipe
+
+    lora = None
+    if args.method in ("lora", "qlora"):
+        targets = (
+            tuple(t.strip() for t in args.lora_targets.split(",")) if args.lora_targets else LORA_TARGETS
+        )
+        lora = LoRASpec(
+            rank=args.lora_rank or 16,
+            alpha=2.0 * (args.lora_rank or 16),
+            targets=targets,
+            double_quant=not args.no_double_quant,
+        )
+    elif args.lora_rank is not None or args.lora_targets:
+        raise TrainplanError(
+            "lora_rank", f"--lora-rank/--lora-targets need --method lora or qlora, not {args.method}"
+        )
+    return Recipe(
+        method=args.method,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        seq_len=args.seq_len,
+        micro_batch=args.micro_batch,
+        global_batch=args.global_batch,
+        tokens=args.tokens,
+        recompute=args.recompute,
+        attention=args.attention,
+        offload=args.offload,
+        lora=lora,
+        dropout=args.dropout,
+        master_weights=not args.no_master_weights,
+    )
+
+
+def layout_from_args(args: argparse.Namespace) -> object:
+    from trainplan.layout import Layout
+
+    return Layout.for_devices(
+        args.devices,
+        tp=args.tp,
+        pp=args.pp,
+        cp=args.cp,
+        ep=args.ep,
+        zero=args.zero,
+        sequence_parallel=args.sequence_parallel,
+        pp_schedule=args.pp_schedule,
+        virtual_stages=args.virtual_stages,
+    )
+
+
+def _fmt_size(n_bytes: float, binary: bool) -> str:
+    return f"{n_bytes / (GiB if binary else GB):10.2f}"
+
+
+# --- commands -------------------------------------------------------------------------------
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from trainplan.estimate import estimate
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+    from trainplan.layout import Layout
+    from trainplan.models import load_model
+    from trainplan.recipe import Recipe
+
+    model = load_model(args.model)
+    acc = get_accelerator(args.hardware, args.hardware_file)
+    recipe = recipe_from_args(args)
+    layout = layout_from_args(args)
+    assert isinstance(recipe, Recipe) and isinstance(layout, Layout)
+    system = System(accelerator=acc, num_devices=args.devices)
+    est = estimate(system, model, recipe, layout)
+    if args.json:
+        print(json.dumps(est.to_dict(), indent=2, sort_keys=True))
+        return 0
+    print(render_estimate(est, binary=args.gib))
+    return 0
+
+
+def render_estimate(est: object, *, binary: bool = False) -> str:
+    from trainplan.estimate import Estimate
+
+    assert isinstance(est, Estimate)
+    unit = "GiB" if binary else "GB"
+    mem = est.memory
+    lines = [
+        f"{est.model.name} ({fmt_count(est.summary.params)} params, {fmt_count(est.summary.trainable_params)} "
+        f"trained) on {est.system.num_devices} × {est.system.accelerator.name}",
+        f"recipe: {est.recipe.method}, {est.recipe.precision}, {est.recipe.optimizer}, seq {est.recipe.seq_len}, "
+        f"micro-batch {est.recipe.micro_batch}, {est.num_microbatches} micro-batch(es)/step, "
+        f"recompute {est.recipe.recompute}, attention {est.recipe.attention}, offload {est.recipe.offload}",
+        f"layout: {est.layout.describe()}",
+        "",
+        f"memory per device (pipeline stage {mem.stage}, peak in the {mem.peak_phase} phase), {unit} "
+        f"(1 {unit} = {'2^30' if binary else '10^9'} bytes):",
+    ]
+    for name, value in mem.terms():
+        if value:
+            share = 100.0 * value / mem.capacity_bytes
+            lines.append(f"  {name:34s}{_fmt_size(value, binary)}  {share:5.1f}% of capacity")
+    lines.append(f"  {'total':34s}{_fmt_size(mem.per_device_bytes, binary)}")
+    lines.append(f"  {'capacity':34s}{_fmt_size(mem.capacity_bytes, binary)}")
+    if mem.host_bytes:
+        lines.append(f"  {'offloaded to host memory':34s}{_fmt_size(mem.host_bytes, binary)}")
+    lines.append("")
+    if mem.fits:
+        free = mem.capacity_bytes - mem.per_device_bytes
+        lines.append(
+            f"FITS: {100 * mem.per_device_bytes / mem.capacity_bytes:.0f}% of device memory, "
+            f"{free / (GiB if binary else GB):.2f} {unit} free"
+        )
+    else:
+        lines.append("DOES NOT FIT: " + "; ".join(mem.reasons()))
+    return "\n".join(lines)
+
+
+def cmd_hardware(args: argparse.Namespace) -> int:
+    from trainplan.hardware import get_accelerator, list_accelerators
+    from trainplan.hardware.render import render_show, render_table
+
+    if args.hardware_command == "show":
+        acc = get_accelerator(args.name, args.hardware_file)
+        if args.json:
+            print(json.dumps(acc.to_dict(), indent=2, sort_keys=True))
+        else:
+            print(render_show(acc))
+        return 0
+    accs = list_accelerators(args.hardware_file)
+    if args.json:
+        print(json.dumps([a.to_dict() for a in accs], indent=2, sort_keys=True))
+    else:
+        print(render_table(accs))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from trainplan.models import list_presets
+    from trainplan.models.params import count_params
+
+    presets = list_presets()
+    if args.json:
+        rows = []
+        for m in presets:
+            c = count_params(m)
+            rows.append(
+                {
+                    "name": m.name,
+                    "family": m.family,
+                    "params": c.total,
+                    "active_params": c.active,
+                    "source": m.source,
+                }
+            )
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{'name':18s} {'family':10s} {'params':>10s} {'active':>10s} {'layers':>6s} {'hidden':>6s} "
+        f"{'heads':>5s} {'kv':>3s} {'vocab':>7s}"
+    )
+    for m in presets:
+        c = count_params(m)
+        print(
+            f"{m.name:18s} {m.family:10s} {fmt_count(c.total):>10s} {fmt_count(c.active):>10s} "
+            f"{m.num_layers:6d} {m.hidden_size:6d} {m.num_heads:5d} {m.num_kv_heads:3d} {m.vocab_size:7d}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="trainplan",
+        description="Will a training job fit, on which accelerator, with which layout — how long, at what cost.",
+    )
+    parser.add_argument(
+        "--version", action="version", version="trainplan " + __import__("trainplan").__version__
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("estimate", help="memory, time and cost of one configuration")
+    p.add_argument("model", help="preset name (see `trainplan models`) or path to a Hugging Face config.json")
+    p.add_argument("--hardware", required=True, help="accelerator name (see `trainplan hardware list`)")
+    add_hardware_file_argument(p)
+    add_layout_arguments(p)
+    add_recipe_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
+    p.add_argument("--gib", action="store_true", help="print sizes in GiB (2^30) instead of GB (10^9)")
+    p.set_defaults(func=cmd_estimate)
+
+    p = sub.add_parser("hardware", help="the accelerator catalog")
+    hw = p.add_subparsers(dest="hardware_command", required=True, parser_class=_Parser)
+    q = hw.add_parser("list", help="one table of every accelerator")
+    add_hardware_file_argument(q)
+    q.add_argument("--json", action="store_true")
+    q = hw.add_parser("show", help="every figure of one accelerator, with its source")
+    q.add_argument("name")
+    add_hardware_file_argument(q)
+    q.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_hardware)
+
+    p = sub.add_parser("models", help="the model presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except TrainplanError as err:
+        sys.stderr.write(f"trainplan: error: {err}\n")
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""Plain-text views of the catalog. Human units at the edge: GB and TB are decimal
+(1e9, 1e12 bytes); GiB (2**30) is shown next to memory capacity."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainplan.hardware.accelerator import Accelerator, Link
+from trainplan.units import GB, TB, TFLOPS, GiB
+
+_DASH = "-"
+
+
+def _tflops(acc: Accelerator, dtype: str) -> str:
+    return f"{acc.peak_flops[dtype] / TFLOPS:,.0f}" if dtype in acc.peak_flops else _DASH
+
+
+def _price(acc: Accelerator) -> str:
+    offer = acc.cheapest_offering()
+    return _DASH if offer is None else f"{offer.usd_per_device_hour:.2f}"
+
+
+def render_table(accs: Sequence[Accelerator]) -> str:
+    """One row per accelerator: dense TFLOP/s, memory, bandwidth, scale-up, power, price."""
+    header = (
+        "name",
+        "vendor",
+        "year",
+        "BF16",
+        "FP8",
+        "FP4",
+        "mem GB",
+        "HBM TB/s",
+        "scale-up GB/s x dom",
+        "TDP W",
+        "$/dev-h",
+    )
+    rows = [header]
+    for acc in accs:
+        up = acc.scale_up
+        rows.append(
+            (
+                acc.name + ("*" if acc.status == "announced" else ""),
+                acc.vendor,
+                str(acc.year),
+                _tflops(acc, "bf16"),
+                _tflops(acc, "fp8"),
+                _tflops(acc, "fp4"),
+                f"{acc.memory_bytes / GB:,.0f}",
+                f"{acc.memory_bandwidth_bytes_per_s / TB:.2f}",
+                f"{up.bandwidth_bytes_per_s / GB:,.0f} x {up.domain_size}",
+                _DASH if acc.tdp_w is None else f"{acc.tdp_w:,.0f}",
+                _price(acc),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    numeric = {2, 3, 4, 5, 6, 7, 8, 9, 10}
+
+    def fmt(row: Sequence[str]) -> str:
+        cells = [
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        return "  ".join(cells).rstrip()
+
+    lines = [fmt(rows[0]), "  ".join("-" * w for w in widths)]
+    lines.extend(fmt(r) for r in rows[1:])
+    lines.append("")
+    lines.append(
+        "TFLOP/s are dense peaks (vendor sparse figures halved). GB = 1e9 bytes, TB/s = 1e12 bytes/s. "
+        "Scale-up is per chip, one direction. $/dev-h = cheapest dated on-demand price listed. "
+        "* = announced, not shipping."
+    )
+    return "\n".join(lines)
+
+
+def _link_lines(label: str, link: Link | None, *, scale_up: bool) -> list[str]:
+    if link is None:
+        return [f"  {label:<11} none listed (see notes)"]
+    domain = f", domain {link.domain_size} devices" if scale_up else ""
+    return [
+        f"  {label:<11} {link.name}: {link.bandwidth_bytes_per_s / GB:,.1f} GB/s per direction"
+        f" ({link.bandwidth_bytes_per_s:.4g} B/s), latency {link.latency_s * 1e6:.2f} us{domain}",
+        f"  {'':<11} source: {link.source}",
+    ]
+
+
+def render_show(acc: Accelerator) -> str:
+    """Every figure of one accelerator with its unit and source, then the notes."""
+    src = acc.sources
+    lines = [
+        f"{acc.display_name} ({acc.name})",
+        f"  vendor {acc.vendor}, family {acc.family}, {acc.year}, {acc.status}",
+    ]
+    if acc.aliases:
+        lines.append(f"  aliases: {', '.join(acc.aliases)}")
+    lines.append("Dense peak compute (FLOP/s; vendor sparse figures halved)")
+    for dtype in acc.supported_dtypes:
+        value = acc.peak_flops[dtype]
+        lines.append(f"  {dtype:<5} {value / TFLOPS:>10,.1f} TFLOP/s  ({value:.4g} FLOP/s)")
+    lines.append(f"  source: {src.get('peak_flops', _DASH)}")
+    lines.append("Memory")
+    lines.append(
+        f"  capacity  {acc.memory_bytes / GB:,.2f} GB = {acc.memory_bytes / GiB:,.2f} GiB "
+        f"({acc.memory_bytes:.12g} bytes), {acc.memory_type}"
+    )
+    lines.append(
+        f"  bandwidth {acc.memory_bandwidth_bytes_per_s / TB:,.3f} TB/s ({acc.memory_bandwidth_bytes_per_s:.4g} B/s)"
+    )
+    lines.append(f"  source: {src.get('memory', _DASH)}")
+    lines.append("Network (per chip)")
+    lines.extend(_link_lines("scale-up", acc.scale_up, scale_up=True))
+    lines.extend(_link_lines("scale-out", acc.scale_out, scale_up=False))
+    lines.extend(_link_lines("host link", acc.host_link, scale_up=False))
+    lines.append(f"  devices per node: {acc.devices_per_node}")
+    lines.append("Power")
+    lines.append(f"  TDP {_DASH if acc.tdp_w is None else f'{acc.tdp_w:,.0f} W'}")
+    lines.append(f"  source: {src.get('power', _DASH)}")
+    lines.append("Price")
+    purchase = _DASH if acc.purchase_usd is None else f"${acc.purchase_usd:,.0f} per device (estimate)"
+    lines.append(f"  purchase {purchase}")
+    lines.append(f"  source: {src.get('price', _DASH)}")
+    if not acc.cloud:
+        lines.append("  cloud: no dated public on-demand price listed")
+    for offer in acc.cloud:
+        lines.append(
+            f"  cloud: {offer.provider} {offer.instance} ${offer.usd_per_device_hour:.3f}/device-hour "
+            f"({offer.devices_per_instance} per instance, {offer.date})"
+        )
+        lines.append(f"         source: {offer.source}")
+    if acc.notes:
+        lines.append("Notes")
+        lines.extend(f"  - {note}" for note in acc.notes)
+    lines.append("Units: GB = 1e9 bytes, GiB = 2^30 bytes, TB/s = 1e12 bytes/s.")
+    return "\n".join(lines)

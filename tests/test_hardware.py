@@ -1,0 +1,244 @@
+"""Hardware catalog: built-in entries, look-ups, user files, systems and rendering."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from trainplan.dtypes import PEAK_KEYS
+from trainplan.errors import CatalogError, TrainplanError
+from trainplan.hardware import (
+    Accelerator,
+    System,
+    get_accelerator,
+    list_accelerators,
+    load_hardware_file,
+    render_show,
+    render_table,
+)
+from trainplan.hardware.catalog import builtin_accelerators
+from trainplan.units import GiB, MiB
+
+EXPECTED = {
+    "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "b300", "gb200", "gb300",
+    "vr200", "rtx-4090", "l40s", "mi250x", "mi300x", "mi325x", "mi350x", "mi355x", "tpu-v4",
+    "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "trn1", "trn2", "trn3", "gaudi2", "gaudi3", "wse-3",
+}  # fmt: skip
+
+
+def test_every_expected_entry_is_built_in() -> None:
+    names = {a.name for a in list_accelerators()}
+    assert names == EXPECTED
+
+
+@pytest.mark.parametrize("acc", builtin_accelerators(), ids=lambda a: a.name)
+def test_builtin_entry_is_sourced_and_sane(acc: Accelerator) -> None:
+    for group in ("peak_flops", "memory", "power", "price"):
+        assert acc.sources.get(group, "").strip(), f"{acc.name} lacks a {group} source"
+    for link in (acc.scale_up, acc.scale_out, acc.host_link):
+        if link is not None:
+            assert link.source.strip()
+            assert link.bandwidth_bytes_per_s > 0 and link.latency_s >= 0
+    assert set(acc.peak_flops) <= set(PEAK_KEYS)
+    # Dense peaks only: a narrower format is never slower than bf16 on the same chip.
+    if "bf16" in acc.peak_flops and "fp8" in acc.peak_flops:
+        assert acc.peak_flops["fp8"] >= acc.peak_flops["bf16"]
+    if "fp32" in acc.peak_flops and "bf16" in acc.peak_flops:
+        assert acc.peak_flops["bf16"] > acc.peak_flops["fp32"]
+    assert 1e9 < acc.memory_bytes < 1e12
+    for offer in acc.cloud:
+        assert re.match(r"^\d{4}-\d{2}(-\d{2})?$", offer.date)
+        assert offer.source.strip() and offer.usd_per_device_hour > 0
+    d = acc.to_dict()
+    assert d["name"] == acc.name and d["memory_bytes"] == acc.memory_bytes
+
+
+def test_nvl72_and_scale_up_domains() -> None:
+    for name in ("gb200", "gb300", "vr200"):
+        assert get_accelerator(name).scale_up.domain_size == 72
+    assert get_accelerator("h100-sxm").scale_up.domain_size == 8
+    assert get_accelerator("tpu-v5e").scale_up.domain_size == 256
+
+
+def test_spot_values() -> None:
+    h100 = get_accelerator("h100-sxm")
+    assert h100.peak_flops_per_s("bf16") == pytest.approx(989.4e12, rel=0.005)
+    assert h100.memory_bytes == 81559 * MiB  # nvidia-smi total
+    assert h100.scale_up.bandwidth_bytes_per_s == pytest.approx(450e9)  # 900 GB/s bidirectional / 2
+    assert h100.scale_out is not None and h100.scale_out.bandwidth_bytes_per_s == pytest.approx(50e9)
+    assert get_accelerator("a100-80gb").memory_bytes == 80 * GiB
+    b200 = get_accelerator("b200")
+    assert b200.supports("fp4") and b200.peak_flops_per_s("fp4") == pytest.approx(9e15)
+    assert get_accelerator("mi300x").peak_flops_per_s("bf16") == pytest.approx(1307.4e12)
+    assert get_accelerator("rtx-4090").peak_flops_per_s("bf16") == pytest.approx(165.2e12)  # FP32 accumulate
+
+
+def test_missing_dtype_is_a_helpful_error() -> None:
+    a100 = get_accelerator("a100-80gb")
+    assert not a100.supports("fp8")
+    with pytest.raises(CatalogError) as exc:
+        a100.peak_flops_per_s("fp8")
+    msg = str(exc.value)
+    assert "a100-80gb has no fp8 peak" in msg and "bf16" in msg and "--precision bf16" in msg
+
+
+def test_aliases_and_case() -> None:
+    assert get_accelerator("H100").name == "h100-sxm"
+    assert get_accelerator("  h100_SXM5 ").name == "h100-sxm"
+    assert get_accelerator("a100").name == "a100-80gb"
+    assert get_accelerator("Trillium").name == "tpu-v6e"
+    assert get_accelerator("rubin").name == "vr200"
+
+
+def test_unknown_name_suggests() -> None:
+    with pytest.raises(CatalogError) as exc:
+        get_accelerator("h1000")
+    assert exc.value.field == "hardware"
+    msg = str(exc.value)
+    assert "unknown accelerator 'h1000'" in msg
+    assert "h100-sxm" in msg and "h100-pcie" in msg and "trainplan hardware list" in msg
+
+
+def test_builtins_load_fast_and_once() -> None:
+    builtin_accelerators.cache_clear()
+    t0 = time.perf_counter()
+    first = builtin_accelerators()
+    assert time.perf_counter() - t0 < 0.25  # ~20 ms warm; generous for slow CI
+    assert builtin_accelerators() is first
+
+
+USER_ENTRY = """
+[[accelerator]]
+name = "my-npu"
+display_name = "My NPU"
+vendor = "Acme"
+family = "X1"
+year = 2025
+status = "shipping"
+aliases = ["npu1"]
+memory_bytes = 64e9
+memory_bandwidth_bytes_per_s = 2.0e12
+memory_type = "HBM3"
+tdp_w = 500.0
+devices_per_node = 8
+notes = ["measured in-house"]
+
+[accelerator.peak_flops]
+bf16 = 500e12
+fp8 = 1000e12
+
+[accelerator.sources]
+peak_flops = "Acme datasheet rev 1"
+memory = "Acme datasheet rev 1"
+power = "Acme datasheet rev 1"
+
+[accelerator.scale_up]
+name = "AcmeLink"
+bandwidth_bytes_per_s = 200e9
+latency_s = 1e-6
+domain_size = 8
+source = "Acme datasheet rev 1"
+
+[[accelerator.cloud]]
+provider = "AcmeCloud"
+instance = "x1.8"
+usd_per_device_hour = 1.5
+devices_per_instance = 8
+date = "2026-01"
+source = "https://example.com/pricing"
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mine.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_user_file_round_trip(tmp_path: Path) -> None:
+    path = _write(tmp_path, USER_ENTRY)
+    (acc,) = load_hardware_file(path)
+    assert acc.name == "my-npu" and acc.peak_flops_per_s("fp8") == 1e15
+    assert acc.scale_out is None and acc.purchase_usd is None
+    assert get_accelerator("NPU1", extra_files=[path]) == acc
+    assert "my-npu" in {a.name for a in list_accelerators(extra_files=[path])}
+    assert acc.to_dict()["cloud"] == [
+        {
+            "provider": "AcmeCloud",
+            "instance": "x1.8",
+            "usd_per_device_hour": 1.5,
+            "devices_per_instance": 8,
+            "date": "2026-01",
+            "source": "https://example.com/pricing",
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('memory_type = "HBM3"\n', "", "memory_type"),  # missing key
+        ("tdp_w = 500.0", 'tdp_w = 500.0\ncolour = "red"', "colour"),  # unknown key
+        ("year = 2025", 'year = "2025"', "year"),  # wrong type
+        ("memory_bytes = 64e9", "memory_bytes = -64e9", "memory_bytes"),  # negative
+        ('peak_flops = "Acme datasheet rev 1"\n', "", "sources.peak_flops"),  # missing source
+        ('power = "Acme datasheet rev 1"\n', "", "sources.power"),  # tdp without a source
+        ("bf16 = 500e12", "bf17 = 500e12", "peak_flops.bf17"),  # unknown dtype
+        ("bandwidth_bytes_per_s = 200e9", "bandwidth_bytes_per_s = 0", "scale_up.bandwidth_bytes_per_s"),
+        ("latency_s = 1e-6\n", "", "scale_up.latency_s"),  # missing link key
+        ('date = "2026-01"', 'date = "Jan 2026"', "cloud[0].date"),
+        ('status = "shipping"', 'status = "rumoured"', "status"),
+        ('name = "my-npu"', 'name = "h100-sxm"', "name"),  # collides with a built-in
+    ],
+)
+def test_malformed_user_file_names_the_key(tmp_path: Path, old: str, new: str, key: str) -> None:
+    assert old in USER_ENTRY
+    path = _write(tmp_path, USER_ENTRY.replace(old, new, 1))
+    with pytest.raises(CatalogError) as exc:
+        get_accelerator("my-npu", extra_files=[path])
+    assert exc.value.field == key
+    if key != "name":
+        assert "mine.toml" in str(exc.value) and "my-npu" in str(exc.value)
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="cannot read"):
+        load_hardware_file(tmp_path / "absent.toml")
+    with pytest.raises(CatalogError, match="not valid TOML"):
+        load_hardware_file(_write(tmp_path, "[[accelerator]\nname ="))
+    with pytest.raises(CatalogError, match="no \\[\\[accelerator\\]\\] tables"):
+        load_hardware_file(_write(tmp_path, "# empty\n"))
+
+
+def test_system_defaults_and_validation() -> None:
+    gb200 = get_accelerator("gb200")
+    system = System(accelerator=gb200, num_devices=144)
+    assert system.devices_per_node == 4 and system.num_nodes == 36
+    assert system.scale_up_domain == 72 and system.num_scale_up_domains == 2
+    assert System(accelerator=gb200, num_devices=16).scale_up_domain == 16  # capped
+    h100 = get_accelerator("h100")
+    s = System(accelerator=h100, num_devices=12)
+    assert s.num_nodes == 2
+    assert s.price is not None and s.usd_per_hour == pytest.approx(12 * 6.88)
+    assert System(accelerator=get_accelerator("vr200"), num_devices=72).usd_per_hour is None
+    with pytest.raises(TrainplanError, match="num_devices"):
+        System(accelerator=h100, num_devices=0)
+    with pytest.raises(TrainplanError, match="devices_per_node"):
+        System(accelerator=h100, num_devices=8, devices_per_node=-1)
+    with pytest.raises(TrainplanError, match="host_memory_bytes_per_node"):
+        System(accelerator=h100, num_devices=8, host_memory_bytes_per_node=-1.0)
+    assert s.to_dict()["num_nodes"] == 2
+
+
+def test_render_table_and_show() -> None:
+    table = render_table(list_accelerators())
+    for name in ("h100-sxm", "mi300x", "tpu-v6e", "gaudi3", "wse-3"):
+        assert name in table
+    assert "GB = 1e9" in table and "989" in table
+    show = render_show(get_accelerator("h100-sxm"))
+    assert "NVIDIA H100 SXM5 80GB" in show and "989.4 TFLOP/s" in show
+    assert "GiB" in show and "450.0 GB/s per direction" in show and "p5.48xlarge" in show
+    assert "https://" in show and "Notes" in show
