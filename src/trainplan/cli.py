@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from trainplan.errors import TrainplanError
-from trainplan.units import GB, GiB, fmt_count
+from trainplan.units import GB, GiB, fmt_count, fmt_duration
 
 EXIT_BAD_INPUT = 2
 
@@ -89,6 +89,35 @@ def add_recipe_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -
         action="store_true",
         help="pure 16-bit training: no FP32 master copy, optimizer states in the weight dtype",
     )
+    g.add_argument(
+        "--loss-chunks",
+        type=_positive_int,
+        default=1,
+        help="chunked cross-entropy: LM head and FP32 upcast per sequence chunk (torchtune: 8)",
+    )
+    g.add_argument(
+        "--optimizer-in-backward",
+        action="store_true",
+        help="step each parameter during backward and free its gradient (torchtune optimizer_in_bwd)",
+    )
+    g.add_argument(
+        "--paged-optimizer",
+        action="store_true",
+        help="optimizer states in CUDA unified memory (bitsandbytes Paged*), outside the allocator",
+    )
+
+
+def add_cost_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cost")
+    g.add_argument(
+        "--price", type=_positive_float, default=None, help="USD per device-hour (overrides the catalog)"
+    )
+    g.add_argument(
+        "--provider", default=None, help="use this provider's dated catalog offering (e.g. aws, gcp)"
+    )
+    g.add_argument(
+        "--pue", type=float, default=1.2, help="data-centre power usage effectiveness for energy (>= 1)"
+    )
 
 
 def add_layout_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,6 +140,11 @@ def add_layout_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp-schedule", choices=PIPELINE_SCHEDULES, default="1f1b")
     g.add_argument(
         "--virtual-stages", type=_positive_int, default=1, help="interleaved pipeline chunks per device"
+    )
+    g.add_argument(
+        "--no-overlap-grad-reduce",
+        action="store_true",
+        help="reduce gradients after the backward instead of overlapping it (older Megatron-LM)",
     )
 
 
@@ -146,6 +180,9 @@ def recipe_from_args(args: argparse.Namespace) -> object:
         lora=lora,
         dropout=args.dropout,
         master_weights=not args.no_master_weights,
+        loss_chunks=args.loss_chunks,
+        optimizer_in_backward=args.optimizer_in_backward,
+        paged_optimizer=args.paged_optimizer,
     )
 
 
@@ -162,6 +199,7 @@ def layout_from_args(args: argparse.Namespace) -> object:
         sequence_parallel=args.sequence_parallel,
         pp_schedule=args.pp_schedule,
         virtual_stages=args.virtual_stages,
+        overlap_grad_reduce=not args.no_overlap_grad_reduce,
     )
 
 
@@ -184,7 +222,15 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     layout = layout_from_args(args)
     assert isinstance(recipe, Recipe) and isinstance(layout, Layout)
     system = System(accelerator=acc, num_devices=args.devices)
-    est = estimate(system, model, recipe, layout)
+    est = estimate(
+        system,
+        model,
+        recipe,
+        layout,
+        price_usd_per_device_hour=args.price,
+        provider=args.provider,
+        pue=args.pue,
+    )
     if args.json:
         print(json.dumps(est.to_dict(), indent=2, sort_keys=True))
         return 0
@@ -217,6 +263,37 @@ def render_estimate(est: object, *, binary: bool = False) -> str:
     lines.append(f"  {'capacity':34s}{_fmt_size(mem.capacity_bytes, binary)}")
     if mem.host_bytes:
         lines.append(f"  {'offloaded to host memory':34s}{_fmt_size(mem.host_bytes, binary)}")
+    lines.append("")
+    t = est.time
+    lines.append(f"step time (busiest device, pipeline stage {t.stage}, {t.micro_batches} micro-batch(es)):")
+    for name, value in t.terms():
+        if value:
+            lines.append(f"  {name:38s}{fmt_duration(value):>12s}  {100 * value / t.step_s:5.1f}%")
+    lines.append(f"  {'step':38s}{fmt_duration(t.step_s):>12s}")
+    thr = est.throughput
+    lines.append(
+        f"throughput: {thr.tokens_per_s:,.0f} tokens/s ({thr.tokens_per_s / est.system.num_devices:,.0f} per device), "
+        f"MFU {100 * thr.mfu:.1f}% (model FLOPs / dense {est.recipe.gemm_dtype} peak), HFU {100 * thr.hfu:.1f}%"
+    )
+    if t.kappa != 1.0:
+        lines.append(f"  (compute efficiency calibrated: κ = {t.kappa:.3f} for this accelerator generation)")
+    for note in t.notes:
+        lines.append(f"  note: {note}")
+    run = est.run
+    if run.time_s is not None and run.device_hours is not None:
+        lines.append(
+            f"run: {run.tokens:.3g} tokens in {fmt_duration(run.time_s)}, {run.device_hours:,.0f} device-hours"
+            + (
+                f", ${run.cost_usd:,.0f} at ${run.usd_per_device_hour:.2f}/device-hour"
+                if run.cost_usd is not None
+                else ", cost unknown (no price: use --price)"
+            )
+            + (f", {run.energy_kwh:,.0f} kWh (PUE {run.pue})" if run.energy_kwh is not None else "")
+        )
+        if run.price_source:
+            lines.append(f"  price: {run.price_source}")
+    else:
+        lines.append("run: give --tokens for time-to-train, device-hours, cost and energy")
     lines.append("")
     if mem.fits:
         free = mem.capacity_bytes - mem.per_device_bytes
@@ -281,6 +358,20 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from trainplan.validate.report import render_markdown, render_text, run_all
+
+    results = run_all(args.dataset or None)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        print(render_text(results, rows=args.rows))
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(render_markdown(results))
+    return 0 if all(r.passed for r in results) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="trainplan",
@@ -297,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_hardware_file_argument(p)
     add_layout_arguments(p)
     add_recipe_arguments(p)
+    add_cost_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
     p.add_argument("--gib", action="store_true", help="print sizes in GiB (2^30) instead of GB (10^9)")
     p.set_defaults(func=cmd_estimate)
@@ -311,6 +403,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_hardware_file_argument(q)
     q.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_hardware)
+
+    p = sub.add_parser(
+        "validate", help="predicted vs published measurements; exit 1 when a dataset misses its bound"
+    )
+    p.add_argument("--dataset", action="append", default=[], help="only this dataset (repeatable)")
+    p.add_argument("--rows", action="store_true", help="print every row's error")
+    p.add_argument("--markdown", metavar="FILE", help="also write the markdown report (docs/validation.md)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("models", help="the model presets")
     p.add_argument("--json", action="store_true")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainplan.cost import DEFAULT_PUE, RunCost, run_cost
 from trainplan.errors import RecipeError, TrainplanError
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
@@ -23,6 +24,7 @@ from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Recipe
 from trainplan.sharding import device_params
+from trainplan.timing import Throughput, TimeBreakdown, step_time, throughput
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +54,9 @@ class Estimate:
     summary: ModelSummary
     memory: MemoryBreakdown
     num_microbatches: int
+    time: TimeBreakdown
+    throughput: Throughput
+    run: RunCost
 
     @property
     def feasible(self) -> bool:
@@ -61,6 +66,7 @@ class Estimate:
         return self.memory.reasons()
 
     def to_dict(self) -> dict[str, object]:
+        """Stable JSON keys (docs/cli.md); more may be added, none change meaning."""
         return {
             "hardware": self.system.accelerator.name,
             "devices": self.system.num_devices,
@@ -70,9 +76,12 @@ class Estimate:
             "layout": layout_to_dict(self.layout),
             "num_microbatches": self.num_microbatches,
             "memory": self.memory.to_dict(),
-            "time": {"step_s": None},
-            "throughput": {"tokens_per_s": None, "mfu": None},
-            "run": {"time_s": None, "device_hours": None, "cost_usd": None, "energy_kwh": None},
+            "time": self.time.to_dict(),
+            "throughput": {
+                **self.throughput.to_dict(),
+                "tokens_per_s_per_device": self.throughput.tokens_per_s / self.system.num_devices,
+            },
+            "run": self.run.to_dict(),
             "feasible": self.feasible,
             "reasons": self.reasons(),
         }
@@ -114,6 +123,7 @@ def layout_to_dict(layout: Layout) -> dict[str, object]:
         "sequence_parallel": layout.sequence_parallel,
         "pp_schedule": layout.pp_schedule,
         "virtual_stages": layout.virtual_stages,
+        "overlap_grad_reduce": layout.overlap_grad_reduce,
     }
 
 
@@ -140,8 +150,17 @@ def check_precision(system: System, recipe: Recipe) -> None:
         )
 
 
-def estimate(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> Estimate:
-    """Predict memory (and, where modelled, time and cost) of one training configuration."""
+def estimate(
+    system: System,
+    model: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    *,
+    price_usd_per_device_hour: float | None = None,
+    provider: str | None = None,
+    pue: float = DEFAULT_PUE,
+) -> Estimate:
+    """Predict memory, step time, throughput and run cost of one training configuration."""
     if layout.num_devices != system.num_devices:
         raise TrainplanError(
             "devices",
@@ -163,6 +182,17 @@ def estimate(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -
     mem = memory_breakdown(
         model, recipe, layout, capacity_bytes=system.accelerator.memory_bytes, num_microbatches=nmb
     )
+    time = step_time(system, model, recipe, layout)
+    thr = throughput(system, model, recipe, layout, time)
+    run = run_cost(
+        system,
+        time,
+        thr,
+        tokens=recipe.tokens,
+        price_usd_per_device_hour=price_usd_per_device_hour,
+        provider=provider,
+        pue=pue,
+    )
     return Estimate(
         system=system,
         model=model,
@@ -171,4 +201,7 @@ def estimate(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -
         summary=summary,
         memory=mem,
         num_microbatches=nmb,
+        time=time,
+        throughput=thr,
+        run=run,
     )

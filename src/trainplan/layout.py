@@ -10,6 +10,10 @@ Degrees (torchtitan's ``ParallelDims`` and Megatron-LM's ``parallel_state`` use 
     cp  context parallel (sequence split across ranks; ring attention)
     ep  expert parallel (experts split across ranks of the dp·cp group)
 
+``overlap_grad_reduce``: gradients are reduced in buckets while the backward runs (PyTorch DDP,
+Li et al. 2020 Sec. 3.2.3; Megatron-Core ``overlap_grad_reduce``); False = after the backward of
+the last micro-batch, as Megatron-LM's 2021 ``LocalDDP`` did (``megatron/model/distributed.py``).
+
 ZeRO stages (Rajbhandari et al. 2020, Sec. 5): 0 = DDP, 1 = optimizer states sharded,
 2 = + gradients sharded, 3 = + parameters sharded (= FSDP FULL_SHARD / FSDP2 ``fully_shard``).
 Errors show the arithmetic, e.g. ``tp=3 does not divide 32 attention heads``.
@@ -38,6 +42,7 @@ class Layout:
     sequence_parallel: bool = False
     pp_schedule: PipelineSchedule = "1f1b"
     virtual_stages: int = 1
+    overlap_grad_reduce: bool = True  # bucketed gradient reduction overlapped with backward
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -81,6 +86,7 @@ class Layout:
         sequence_parallel: bool = False,
         pp_schedule: PipelineSchedule = "1f1b",
         virtual_stages: int = 1,
+        overlap_grad_reduce: bool = True,
     ) -> Layout:
         """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
         if not isinstance(devices, int) or devices <= 0:
@@ -105,6 +111,7 @@ class Layout:
             sequence_parallel=sequence_parallel,
             pp_schedule=pp_schedule,
             virtual_stages=virtual_stages,
+            overlap_grad_reduce=overlap_grad_reduce,
         )
 
     @property

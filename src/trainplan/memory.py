@@ -32,7 +32,7 @@ from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import RecipeError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Recipe
+from trainplan.recipe import LORA_TARGETS, Recipe
 from trainplan.sharding import DeviceParams, Linear, device_params, layer_kinds, stage_layers
 from trainplan.units import GiB, fmt_bytes
 
@@ -89,6 +89,10 @@ class MemoryBreakdown:
     params_on_device: int
     trainable_params_on_device: int
     activation_terms: dict[str, float] = field(default_factory=dict)
+    paged_optimizer_bytes: float = 0.0
+    """Optimizer states of a paged (bitsandbytes) optimizer, in CUDA unified memory: outside
+    PyTorch's allocator (not in ``peak_bytes``, as ``max_memory_allocated`` does not see them)
+    and evictable to host memory by the driver, so not in ``per_device_bytes`` either."""
 
     @property
     def model_states_bytes(self) -> float:
@@ -167,6 +171,7 @@ class MemoryBreakdown:
             "cuda_context_bytes": self.cuda_context_bytes,
             "fragmentation_bytes": self.fragmentation_bytes,
             "host_bytes": self.host_bytes,
+            "paged_optimizer_bytes": self.paged_optimizer_bytes,
             "params_on_device": self.params_on_device,
             "trainable_params_on_device": self.trainable_params_on_device,
             "activation_terms_bytes": dict(self.activation_terms),
@@ -180,17 +185,30 @@ def activation_bytes_per_element(recipe: Recipe) -> float:
 
 
 def _mlp_terms(
-    model: ModelSpec, tokens: float, width_local: float, e: float, prefix: str
+    model: ModelSpec, tokens: float, width_local: float, e: float, prefix: str, *, down_trained: bool = True
 ) -> dict[str, float]:
     """Tensors one MLP saves for backward (eager PyTorch; Korthikanti 2022 Sec. 4.1 for GeLU).
 
     GeLU/ReLU MLP: the activation input (f) and the down-projection input (f): 2·e·tokens·f.
     Gated MLP (SwiGLU/GeGLU, ``down(act(gate(x)) * up(x))``): the activation input (gate output),
     the activation output and the up output (both saved by the product), and the product (input
-    of down): 4·e·tokens·f.
+    of down): 4·e·tokens·f. A frozen down projection (LoRA without an adapter on it) does not
+    save its input (see :func:`frozen_linear_saves_input`), which removes one e·tokens·f.
     """
-    n = 4 if model.gated else 2
+    n = (4 if model.gated else 2) - (0 if down_trained else 1)
     return {prefix + "mlp_intermediate": n * e * tokens * width_local}
+
+
+def frozen_linear_saves_input() -> bool:
+    """Whether a linear layer whose weight needs no gradient saves its input for backward: no.
+
+    ``y = x·Wᵀ`` needs x only for the weight gradient (dW = dyᵀ·x); the input gradient needs W.
+    PyTorch's autograd saves an input of a differentiable op only when a gradient that uses it
+    will be computed (the ``should_compute_output`` guards that ``tools/autograd`` generates for
+    ``mm``/``addmm``/``linear``), so the frozen base linears of LoRA/QLoRA keep their inputs only
+    when another op (the adapter's A, a norm, attention) saves the same tensor.
+    """
+    return False
 
 
 def layer_activations(
@@ -222,12 +240,15 @@ def layer_activations(
     if recipe.recompute == "full":
         return LayerActivations(terms={"layer_input": e * tokens * h / sp_div})
 
+    trained = _trained_linears(recipe)
     terms: dict[str, float] = {}
     # Outside the tp region (divided by t only with sequence parallelism).
     terms["attn_norm_input"] = e * tokens * h / sp_div
-    terms["qkv_input"] = e * tokens * h / sp_div
+    if trained & {"q", "k", "v"}:
+        terms["qkv_input"] = e * tokens * h / sp_div
     terms["mlp_norm_input"] = e * tokens * h / sp_div
-    terms["mlp_input"] = e * tokens * h / sp_div
+    if trained & {"gate", "up"} or model.is_moe_layer(layer):
+        terms["mlp_input"] = e * tokens * h / sp_div
     if dropout:
         terms["dropout_masks"] = 2 * 1.0 * tokens * h / sp_div
     # Inside the tp region.
@@ -237,9 +258,11 @@ def layer_activations(
         core_s2 = e * b * a_local * s * s_kv  # softmax output
         if dropout:
             core_s2 += 1.0 * b * a_local * s * s_kv + e * b * a_local * s * s_kv  # mask + dropout output
-        terms["attn_out_proj_input"] = e * tokens * q_local
+        if "o" in trained:
+            terms["attn_out_proj_input"] = e * tokens * q_local
     else:
         terms["attn_output_and_lse"] = e * tokens * q_local + 4.0 * b * a_local * s
+    down = "down" in trained
     if recipe.recompute != "selective" and core_s2:
         terms["attn_scores"] = core_s2
 
@@ -250,15 +273,34 @@ def layer_activations(
         routed_tokens = tokens * k  # balanced routing: each rank processes b·s·K token-expert pairs
         terms["router_probs"] = 4.0 * tokens * moe.num_experts
         terms["expert_inputs"] = e * routed_tokens * h
-        terms.update(_mlp_terms(model, routed_tokens, moe.expert_ffn_hidden / t, e, "expert_"))
+        terms.update(
+            _mlp_terms(model, routed_tokens, moe.expert_ffn_hidden / t, e, "expert_", down_trained=down)
+        )
         terms["expert_outputs"] = e * routed_tokens * h
         if moe.num_shared_experts:
             terms.update(
-                _mlp_terms(model, tokens, moe.num_shared_experts * moe.shared_width / t, e, "shared_")
+                _mlp_terms(
+                    model,
+                    tokens,
+                    moe.num_shared_experts * moe.shared_width / t,
+                    e,
+                    "shared_",
+                    down_trained=down,
+                )
             )
     else:
-        terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, e, ""))
+        terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, e, "", down_trained=down))
     return LayerActivations(terms=terms)
+
+
+_ALL_LINEARS: Final = frozenset(LORA_TARGETS)
+
+
+def _trained_linears(recipe: Recipe) -> frozenset[str]:
+    """Linear layers whose weight (or adapter) gets a gradient: all of them, or the LoRA targets."""
+    if recipe.is_peft and recipe.lora is not None and not frozen_linear_saves_input():
+        return frozenset(recipe.lora.targets)
+    return _ALL_LINEARS
 
 
 def korthikanti_table2_bytes(*, s: int, b: int, h: int, a: int, t: int, mode: str) -> float:
@@ -305,6 +347,15 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     saves (4·b·s·V/t; Megatron-LM's vocab-parallel cross-entropy likewise keeps an FP32 softmax,
     Korthikanti Sec. 4.3: 4·s·b·v/t). Transient: the FP32 gradient of the logits (4·b·s·V/t)
     created by the loss backward while the saved tensors are still alive.
+
+    ``recipe.loss_chunks = C > 1`` (torchtune ``CEWithChunkedOutputLoss``,
+    ``torchtune/modules/loss/ce_chunked_output_loss.py`` at pytorch/torchtune@30b8519e8, with its
+    ``compute_cross_entropy`` compiled as the class docstring asks): the LM head runs per sequence
+    chunk and each chunk is upcast and reduced inside one fused kernel, so what the loss keeps for
+    backward is the logits themselves (e·b·s·V/t, all chunks, held by the recipe until the loss is
+    computed) and one FP32 log-sum-exp per token (4·b·s); no FP32 log-softmax is stored. The
+    transient is the FP32 logits gradient of one chunk (4·b·s·V/(t·C)). In eager mode the FP32
+    log-softmax of every chunk would still be saved: chunking then only shrinks the transient.
     """
     t = layout.tp
     s = recipe.seq_len // layout.cp
@@ -312,7 +363,11 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     e = activation_bytes_per_element(recipe)
     sp_div = t if layout.sequence_parallel else 1
     v_local = model.vocab_size / t
-    saved = 2 * e * tokens * model.hidden_size / sp_div + e * tokens * v_local + 4.0 * tokens * v_local
+    head_inputs = 2 * e * tokens * model.hidden_size / sp_div
+    if recipe.loss_chunks > 1:
+        saved = head_inputs + e * tokens * v_local + 4.0 * tokens
+        return saved, 4.0 * tokens * v_local / recipe.loss_chunks
+    saved = head_inputs + e * tokens * v_local + 4.0 * tokens * v_local
     transient = 4.0 * tokens * v_local
     return saved, transient
 
@@ -362,6 +417,8 @@ class _States:
     optimizer_temp: float
     gather: float
     trainable: int
+    paged: float = 0.0
+    step_in_backward: float = 0.0  # per-parameter optimizer-step temporary inside the backward phase
 
 
 def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceParams) -> _States:
@@ -405,6 +462,13 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         trainable = dev.total
 
     grads = wb * shard(trained_dense, trained_exp, 2)
+    largest = float(_largest_trained_param(model, recipe, layout, dev))
+    if z >= 2:
+        largest /= g_dense
+    if recipe.optimizer_in_backward:
+        # Each parameter's step runs in its post-accumulate-grad hook and its gradient is freed
+        # right after (torchtune optimizer_in_bwd): one parameter's gradient is alive at a time.
+        grads = wb * largest
     n_opt = shard(trained_dense, trained_exp, 1)
     if recipe.optimizer == "adafactor":
         factored = (
@@ -417,6 +481,16 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
     optimizer = opt_states + master
     # foreach AdamW/Lion/SGD-momentum keeps one FP32 temporary of the local shard size during step()
     optimizer_temp = 4.0 * n_opt if recipe.optimizer not in ("sgd",) else 0.0
+    paged = 0.0
+    if recipe.paged_optimizer:
+        # bitsandbytes allocates paged states with cudaMallocManaged (unified memory) and updates
+        # them in place in its fused step kernels: nothing in PyTorch's allocator, no temporaries.
+        paged, optimizer, optimizer_temp = opt_states, master, 0.0
+    step_in_backward = 0.0
+    if recipe.optimizer_in_backward:
+        # The per-parameter step happens during backward: its temporary is one parameter's worth.
+        step_in_backward = optimizer_temp * (largest / n_opt) if n_opt else 0.0
+        optimizer_temp = 0.0
 
     host = 0.0
     if recipe.offload != "none":
@@ -439,7 +513,16 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         # FSDP/ZeRO-3 gathers the current layer and prefetches the next (2 layers unsharded),
         # and holds one layer's unsharded gradient before its reduce-scatter.
         layer = float(dev.largest_layer_unsharded)
-        gather = 2 * wb * layer + (0.0 if recipe.is_peft else wb * layer)
+        layer_weight_bytes = wb * layer
+        if recipe.method == "qlora":
+            # The sharded NF4 base is all-gathered as NF4: torchao's NF4Tensor implements FSDP2's
+            # fsdp_pre_all_gather/fsdp_post_all_gather on its quantized data and constants
+            # (torchao/dtypes/nf4tensor.py), so a gathered layer costs the NF4 bytes and its
+            # constants, not bf16 (layer norms, a few h per layer, are counted as NF4 too).
+            n_lin = dev.dense_linear + dev.expert_linear
+            quant_per_param = (quant * (g_dense if z >= 3 else 1)) / n_lin if n_lin else 0.0
+            layer_weight_bytes = (0.5 + quant_per_param) * layer
+        gather = 2 * layer_weight_bytes + (0.0 if recipe.is_peft else wb * layer)
     return _States(
         weights=weights,
         gradients=grads,
@@ -450,7 +533,34 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         optimizer_temp=optimizer_temp,
         gather=gather,
         trainable=trainable,
+        paged=paged,
+        step_in_backward=step_in_backward,
     )
+
+
+def _largest_trained_param(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceParams) -> int:
+    """Elements of the largest trained parameter tensor on the device (before ZeRO sharding).
+
+    Full training: the largest linear weight or the vocab-parallel embedding / LM head (V/t × h)
+    on the stages that hold them. LoRA: the largest adapter matrix (r × in or out × r).
+    """
+    largest = 0
+    for lin, _ in dev.linears:
+        per = lin.local_weight_params // lin.count
+        if recipe.is_peft:
+            assert recipe.lora is not None
+            if lin.name.split(".")[-1] not in recipe.lora.targets:
+                continue
+            rows = lin.out_features // (lin.tp if lin.split == "column" else 1)
+            cols = lin.in_features // (lin.tp if lin.split == "row" else 1)
+            per = recipe.lora.rank * max(rows, cols)
+        largest = max(largest, per)
+    if not recipe.is_peft:
+        vocab_local = -(-model.vocab_size // layout.tp) * model.hidden_size
+        holds_head = dev.stage == layout.pp - 1 and (not model.tied_embeddings or layout.pp > 1)
+        if dev.stage == 0 or holds_head:
+            largest = max(largest, vocab_local)
+    return largest
 
 
 def _stage_breakdown(
@@ -478,7 +588,7 @@ def _stage_breakdown(
     if stage == layout.pp - 1:
         logits_saved, logits_transient = logits_bytes(model, recipe, layout)
     activations = sum(act_terms.values())
-    transient = max(logits_transient, largest_layer_full)
+    transient = max(logits_transient, largest_layer_full, st.step_in_backward)
     backward = activations + logits_saved + st.gather + transient
     phase = "backward" if backward >= st.optimizer_temp else "optimizer step"
     peak_live = (
@@ -505,6 +615,7 @@ def _stage_breakdown(
         params_on_device=dev.total,
         trainable_params_on_device=st.trainable,
         activation_terms=act_terms,
+        paged_optimizer_bytes=st.paged,
     )
 
 
@@ -523,6 +634,12 @@ def memory_breakdown(
     if nmb is None:
         nmb = layout.check_batch(
             seq_len=recipe.seq_len, micro_batch=recipe.micro_batch, global_batch=recipe.global_batch
+        )
+    if recipe.optimizer_in_backward and nmb > 1:
+        raise RecipeError(
+            "optimizer_in_backward",
+            f"the step runs inside each backward and frees the gradient, so gradients cannot "
+            f"accumulate over {nmb} micro-batches; set the global batch to dp·micro-batch",
         )
     stages = sorted({0, layout.pp - 1})
     results = [_stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb) for st in stages]

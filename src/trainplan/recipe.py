@@ -38,6 +38,11 @@ ATTENTIONS: Final = get_args(Attention)
 OFFLOADS: Final = get_args(Offload)
 
 LORA_TARGETS: Final = ("q", "k", "v", "o", "gate", "up", "down")
+PAGED_OPTIMIZERS: Final = (
+    "adamw",
+    "adamw-8bit",
+    "lion",
+)  # bitsandbytes PagedAdamW, PagedAdamW8bit, PagedLion
 
 # Dtype in which each precision keeps the compute copy of the weights and the gradients.
 WEIGHT_DTYPE: Final[dict[str, str]] = {
@@ -110,6 +115,19 @@ class Recipe:
     master_weights: bool = (
         True  # False = "pure" 16-bit training: no FP32 master, optimizer states in the weight dtype
     )
+    loss_chunks: int = 1
+    """Chunked cross-entropy: the LM-head output and the loss are computed in this many sequence
+    chunks, each upcast to FP32 separately (torchtune ``CEWithChunkedOutputLoss``, default 8
+    chunks, with ``compute_cross_entropy`` compiled). 1 = one cross-entropy over all tokens."""
+    optimizer_in_backward: bool = False
+    """The optimizer step of each parameter runs inside the backward pass as soon as its gradient
+    is ready, and the gradient is freed (torchtune ``optimizer_in_bwd``, via
+    ``register_post_accumulate_grad_hook``): at most one parameter's gradient is alive."""
+    paged_optimizer: bool = False
+    """Optimizer states in CUDA unified (managed) memory, as the bitsandbytes paged optimizers
+    (``PagedAdamW``, ``PagedAdamW8bit``, ``PagedLion``; Dettmers et al. 2023, QLoRA Sec. 3 "Paged
+    Optimizers") allocate them: outside PyTorch's caching allocator, paged to host memory by the
+    driver under memory pressure."""
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -131,6 +149,22 @@ class Recipe:
             raise RecipeError("tokens", f"must be positive, got {self.tokens!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise RecipeError("dropout", f"must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.loss_chunks, int) or self.loss_chunks <= 0:
+            raise RecipeError("loss_chunks", f"must be a positive integer, got {self.loss_chunks!r}")
+        if self.loss_chunks > self.seq_len:
+            raise RecipeError(
+                "loss_chunks",
+                f"{self.loss_chunks} chunks exceed the sequence length {self.seq_len}; use at most one per token",
+            )
+        if self.paged_optimizer and self.optimizer not in PAGED_OPTIMIZERS:
+            raise RecipeError(
+                "paged_optimizer",
+                f"bitsandbytes has paged versions of {', '.join(PAGED_OPTIMIZERS)} only, not {self.optimizer!r}",
+            )
+        if self.paged_optimizer and self.offload != "none":
+            raise RecipeError(
+                "paged_optimizer", "a paged optimizer and CPU offload both move optimizer states; choose one"
+            )
         if self.method in ("lora", "qlora") and self.lora is None:
             object.__setattr__(self, "lora", LoRASpec())
         if self.method not in ("lora", "qlora") and self.lora is not None:

@@ -1,0 +1,903 @@
+"""Collective communication times on a two-level network, and the traffic of each parallelism.
+
+Cost model
+----------
+Alpha-beta (Hockney) model per collective: ``time = steps·α + volume / (β_peak·efficiency)``,
+with ``α`` the per-step latency (``latency_s``), ``β_peak`` the link bandwidth per chip in one
+direction (``bandwidth_bytes_per_s``) and ``efficiency`` the fraction of it a collective library
+achieves. ``n_bytes`` is always the **full, unsharded buffer** of one rank (the nccl-tests
+convention: the all-reduce buffer, the all-gather output, the reduce-scatter input, the all-to-all
+send buffer), and ``group`` the number of ranks ``n``:
+
+    kind            per-rank volume on the wire        steps        source
+    all-reduce      2(n−1)/n · n_bytes                 2(n−1)       ring = reduce-scatter + all-gather
+    reduce-scatter  (n−1)/n · n_bytes                  n−1          ring / pairwise
+    all-gather      (n−1)/n · n_bytes                  n−1          ring
+    all-to-all      (n−1)/n · n_bytes                  n−1          pairwise exchange
+    send/recv       n_bytes                            1            point to point
+
+Sources: Thakur, Rabenseifner & Gropp 2005, "Optimization of Collective Communication Operations
+in MPICH" (IJHPCA 19(1)), Sec. 4 (ring all-gather, pairwise reduce-scatter and all-to-all,
+all-reduce as reduce-scatter + all-gather); Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce
+algorithms for clusters of workstations" (JPDC 69(2)): 2(n−1)/n·n_bytes is the lower bound the ring
+attains; the volume factors are the "bus bandwidth" factors of NVIDIA/nccl-tests
+``doc/PERFORMANCE.md`` (all-reduce 2(n−1)/n; reduce-scatter, all-gather, all-to-all (n−1)/n).
+
+Two levels
+----------
+A *scale-up domain* (NVLink/NVSwitch node, NVL72 rack, TPU ICI slice, NeuronLink, xGMI) is a set of
+consecutive ranks with fast links; *scale-out* (InfiniBand, EFA, RoCE) joins domains, each chip
+through its own NIC (rail-optimised). A group that lies inside one domain uses scale-up; a group
+with one rank per domain uses scale-out; a group with ``n_local > 1`` ranks in each of several
+domains uses the **hierarchical** (2D) algorithm: reduce-scatter inside the domain, all-reduce of
+the ``1/n_local`` shard across domains (each rank over its own NIC, concurrently), all-gather inside
+the domain (Jia et al. 2018, "Highly Scalable Deep Learning Training System with Mixed-Precision",
+hierarchical all-reduce; Ying et al. 2018, 2D all-reduce on TPU pods). NCCL chooses between ring,
+tree, NVLS and CollNet at run time; modelling every collective as ring / hierarchical ring is a
+simplification (NVLS all-reduce on 8 H100 reaches a higher bus bandwidth than the ring).
+
+Rank order
+----------
+Megatron-LM's default order ``tp-cp-ep-dp-pp``: tp varies fastest, then cp, then dp (ep is carved
+out of dp·cp, inner-most first), then pp. So tp groups are consecutive ranks, cp groups have stride
+tp, the ZeRO/FSDP shard group dp·cp has stride tp, the ep group (ep consecutive members of dp·cp)
+stride tp, the expert-data group stride tp·ep, the dp group stride tp·cp and pp stride tp·cp·dp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from trainplan.dtypes import BYTES_PER_ELEMENT
+from trainplan.errors import CatalogError, LayoutError, TrainplanError
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import Recipe
+
+CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
+Level = Literal["none", "scale_up", "scale_out", "hierarchical"]
+Overlap = Literal["forward", "backward", "none"]
+
+# Fraction of the one-direction link peak that NCCL reaches as bus bandwidth on large messages.
+# Scale-up: NVIDIA/nccl-tests#149 (A100 NVLink3: 12 links x 25 GB/s = 300 GB/s line rate, ~240 GB/s
+# effective with 128-byte payloads, ~230 GB/s busbw reached -> 0.77) and NVIDIA/nccl-tests#212 /
+# NVIDIA/nccl#1455 (H100 NVLink4: 450 GB/s line rate, 365-370 GB/s ring busbw -> 0.82). 0.80 is
+# their mean. NVLink SHARP all-reduce (H100: ~480 GB/s busbw on 8 GPUs) is not modelled.
+SCALE_UP_EFFICIENCY: Final = 0.80
+# Scale-out: NVIDIA/nccl-tests#119 (3 nodes x 8 A100, 4x HDR 200 Gb/s per node: ~85 % of line rate
+# on average, 96 % at peak, all-reduce busbw). 0.85 is that average; for EFA / RoCE it is an
+# assumption, to override per system.
+SCALE_OUT_EFFICIENCY: Final = 0.85
+# Per-step latencies used only when the hardware catalog gives none. ASSUMPTIONS (order of magnitude
+# of NCCL per-hop latency: a few microseconds on NVLink, ~10 us across an IB fabric), kept explicit.
+DEFAULT_SCALE_UP_LATENCY_S: Final = 3e-6
+DEFAULT_SCALE_OUT_LATENCY_S: Final = 10e-6
+
+
+# --------------------------------------------------------------------------------------------
+# Flat collectives (one level)
+# --------------------------------------------------------------------------------------------
+def _check(
+    n_bytes: float, group: int, bandwidth_bytes_per_s: float, latency_s: float, efficiency: float
+) -> None:
+    if n_bytes < 0:
+        raise TrainplanError("n_bytes", f"must be >= 0, got {n_bytes}")
+    if group < 1:
+        raise TrainplanError("group", f"must be a positive number of ranks, got {group}")
+    if group > 1 and n_bytes > 0 and not bandwidth_bytes_per_s > 0:
+        raise TrainplanError("bandwidth_bytes_per_s", f"must be positive, got {bandwidth_bytes_per_s}")
+    if latency_s < 0:
+        raise TrainplanError("latency_s", f"must be >= 0, got {latency_s}")
+    if not 0 < efficiency <= 1:
+        raise TrainplanError("efficiency", f"must be in (0, 1], got {efficiency}")
+
+
+def bus_factor(kind: CollectiveKind, group: int) -> float:
+    """Bytes each rank sends per byte of buffer (nccl-tests ``doc/PERFORMANCE.md`` busbw factors)."""
+    if kind == "send_recv":
+        return 1.0
+    if group <= 1:
+        return 0.0
+    n = float(group)
+    return 2.0 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
+
+
+def _steps(kind: CollectiveKind, group: int) -> int:
+    if kind == "send_recv":
+        return 1
+    if group <= 1:
+        return 0
+    return 2 * (group - 1) if kind == "all_reduce" else group - 1
+
+
+def _flat_s(
+    kind: CollectiveKind,
+    n_bytes: float,
+    group: int,
+    bandwidth_bytes_per_s: float,
+    latency_s: float,
+    efficiency: float,
+) -> float:
+    _check(n_bytes, group, bandwidth_bytes_per_s, latency_s, efficiency)
+    volume = bus_factor(kind, group) * n_bytes
+    if volume == 0.0:
+        return 0.0
+    return _steps(kind, group) * latency_s + volume / (bandwidth_bytes_per_s * efficiency)
+
+
+def all_reduce_s(
+    n_bytes: float, group: int, bandwidth_bytes_per_s: float, latency_s: float, *, efficiency: float = 1.0
+) -> float:
+    """Ring all-reduce: ``2(n−1)/n · n_bytes / bw + 2(n−1)·α``.
+
+    Reduce-scatter then all-gather around a ring (Patarasuk & Yuan 2009; Thakur et al. 2005 Sec. 4).
+    Example: 1 GB over 8 ranks at 100 GB/s = 2·7/8·1e9/1e11 = 17.5 ms + 14α.
+    """
+    return _flat_s("all_reduce", n_bytes, group, bandwidth_bytes_per_s, latency_s, efficiency)
+
+
+def reduce_scatter_s(
+    n_bytes: float, group: int, bandwidth_bytes_per_s: float, latency_s: float, *, efficiency: float = 1.0
+) -> float:
+    """Ring reduce-scatter of an ``n_bytes`` input: ``(n−1)/n · n_bytes / bw + (n−1)·α`` (Thakur et al. 2005)."""
+    return _flat_s("reduce_scatter", n_bytes, group, bandwidth_bytes_per_s, latency_s, efficiency)
+
+
+def all_gather_s(
+    n_bytes: float, group: int, bandwidth_bytes_per_s: float, latency_s: float, *, efficiency: float = 1.0
+) -> float:
+    """Ring all-gather of an ``n_bytes`` output: ``(n−1)/n · n_bytes / bw + (n−1)·α`` (Thakur et al. 2005)."""
+    return _flat_s("all_gather", n_bytes, group, bandwidth_bytes_per_s, latency_s, efficiency)
+
+
+def all_to_all_s(
+    n_bytes: float, group: int, bandwidth_bytes_per_s: float, latency_s: float, *, efficiency: float = 1.0
+) -> float:
+    """Pairwise-exchange all-to-all of an ``n_bytes`` send buffer: ``(n−1)/n · n_bytes / bw + (n−1)·α``.
+
+    Thakur et al. 2005 Sec. 4 (pairwise exchange for long messages); nccl-tests busbw factor (n−1)/n.
+    """
+    return _flat_s("all_to_all", n_bytes, group, bandwidth_bytes_per_s, latency_s, efficiency)
+
+
+def send_recv_s(
+    n_bytes: float, bandwidth_bytes_per_s: float, latency_s: float, *, efficiency: float = 1.0
+) -> float:
+    """Point-to-point send (and the matching receive on full-duplex links): ``α + n_bytes / bw``."""
+    return _flat_s("send_recv", n_bytes, 2, bandwidth_bytes_per_s, latency_s, efficiency)
+
+
+# --------------------------------------------------------------------------------------------
+# Hierarchical (two-level) collectives
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class LinkLevel:
+    """One level of the network as seen by one chip: one-direction bandwidth, per-step latency, efficiency."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(0.0, 1, self.bandwidth_bytes_per_s, self.latency_s, self.efficiency)
+        if not self.bandwidth_bytes_per_s > 0:
+            raise TrainplanError(
+                "bandwidth_bytes_per_s", f"must be positive, got {self.bandwidth_bytes_per_s}"
+            )
+
+
+def _split_levels(group: int, n_local: int) -> tuple[int, int]:
+    if n_local < 1 or n_local > group:
+        raise TrainplanError("n_local", f"ranks per domain must be in 1..{group}, got {n_local}")
+    return n_local, math.ceil(group / n_local)
+
+
+def hierarchical_s(
+    kind: CollectiveKind, n_bytes: float, group: int, n_local: int, scale_up: LinkLevel, scale_out: LinkLevel
+) -> float:
+    """A collective over ``group`` ranks, ``n_local`` of them in each scale-up domain.
+
+    With ``n_out = ⌈group / n_local⌉`` domains and ``S = n_bytes``:
+
+    * reduce-scatter: RS of S inside the domain (scale-up), then RS of the S/n_local shard across
+      domains (scale-out).
+    * all-gather: the reverse — AG of S/n_local across domains, then AG of S inside the domain.
+    * all-reduce: intra RS + inter all-reduce of the S/n_local shard + intra AG, i.e.
+      ``2(n_l−1)/n_l·S/B_up + 2(n_o−1)/n_o·(S/n_l)/B_out`` + latencies (Jia et al. 2018; Ying et al. 2018).
+    * all-to-all: the ``(n_l−1)/n`` share of the buffer bound to peers in the same domain goes over
+      scale-up while the ``(n−n_l)/n`` share goes over scale-out, concurrently: the slower one bounds
+      the bandwidth term; latencies ``(n_l−1)·α_up + (n−n_l)·α_out`` (pairwise exchange).
+    * send/recv: the slowest hop, scale-out.
+
+    ``n_local == group`` reduces to the flat scale-up formulas, ``n_local == 1`` to flat scale-out.
+    """
+    n_l, n_o = _split_levels(group, n_local)
+    up, out = scale_up, scale_out
+    if kind == "send_recv":
+        level = up if n_o == 1 else out
+        return send_recv_s(n_bytes, level.bandwidth_bytes_per_s, level.latency_s, efficiency=level.efficiency)
+    if kind == "all_to_all":
+        if n_o == 1 or n_l == 1:
+            level = up if n_o == 1 else out
+            return all_to_all_s(
+                n_bytes, group, level.bandwidth_bytes_per_s, level.latency_s, efficiency=level.efficiency
+            )
+        _check(n_bytes, group, up.bandwidth_bytes_per_s, up.latency_s, up.efficiency)
+        intra = (n_l - 1) / group * n_bytes / (up.bandwidth_bytes_per_s * up.efficiency)
+        inter = (group - n_l) / group * n_bytes / (out.bandwidth_bytes_per_s * out.efficiency)
+        return max(intra, inter) + (n_l - 1) * up.latency_s + (group - n_l) * out.latency_s
+
+    def flat(k: CollectiveKind, nb: float, n: int, lv: LinkLevel) -> float:
+        return _flat_s(k, nb, n, lv.bandwidth_bytes_per_s, lv.latency_s, lv.efficiency)
+
+    shard = n_bytes / n_l
+    if kind == "reduce_scatter":
+        return flat("reduce_scatter", n_bytes, n_l, up) + flat("reduce_scatter", shard, n_o, out)
+    if kind == "all_gather":
+        return flat("all_gather", shard, n_o, out) + flat("all_gather", n_bytes, n_l, up)
+    return (
+        flat("reduce_scatter", n_bytes, n_l, up)
+        + flat("all_reduce", shard, n_o, out)
+        + flat("all_gather", n_bytes, n_l, up)
+    )
+
+
+def hierarchical_all_reduce_s(
+    n_bytes: float,
+    group: int,
+    n_local: int,
+    *,
+    scale_up_bandwidth_bytes_per_s: float,
+    scale_up_latency_s: float,
+    scale_out_bandwidth_bytes_per_s: float,
+    scale_out_latency_s: float,
+    scale_up_efficiency: float = 1.0,
+    scale_out_efficiency: float = 1.0,
+) -> float:
+    """Two-level all-reduce from plain numbers (see :func:`hierarchical_s`)."""
+    up = LinkLevel(
+        bandwidth_bytes_per_s=scale_up_bandwidth_bytes_per_s,
+        latency_s=scale_up_latency_s,
+        efficiency=scale_up_efficiency,
+    )
+    out = LinkLevel(
+        bandwidth_bytes_per_s=scale_out_bandwidth_bytes_per_s,
+        latency_s=scale_out_latency_s,
+        efficiency=scale_out_efficiency,
+    )
+    return hierarchical_s("all_reduce", n_bytes, group, n_local, up, out)
+
+
+# --------------------------------------------------------------------------------------------
+# Placement of the parallel groups
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class GroupPlacement:
+    """Where one parallel group's ranks sit relative to the scale-up domains.
+
+    ``ranks_per_domain`` is how many of the group's ranks share the scale-up domain of its first
+    rank; ``domains`` how many domains the group touches. ``uniform`` is False when the group does
+    not split evenly over its domains (the hierarchical formula is then approximate).
+    """
+
+    name: str
+    size: int
+    stride: int
+    ranks_per_domain: int
+    domains: int
+    level: Level
+    uniform: bool = True
+
+    @property
+    def spans_domains(self) -> bool:
+        return self.domains > 1
+
+
+def place_group(name: str, size: int, stride: int, domain_size: int) -> GroupPlacement:
+    """Placement of a group of ``size`` ranks ``r0, r0+stride, …`` on domains of ``domain_size`` ranks.
+
+    Ranks are numbered so that consecutive ranks share a domain (devices ``0..D−1`` form the first
+    domain). Computed for the group that contains rank 0; the standard layouts are translation
+    invariant so every group of the kind looks the same.
+    """
+    if size < 1 or stride < 1 or domain_size < 1:
+        raise TrainplanError(
+            "group", f"size, stride and domain size must be positive ({size}, {stride}, {domain_size})"
+        )
+    if stride >= domain_size:
+        local = 1
+    elif domain_size % stride == 0:
+        local = min(size, domain_size // stride)
+    else:
+        local = sum(1 for j in range(size) if j * stride < domain_size)
+    domains = math.ceil(size / local)
+    level: Level
+    if size == 1:
+        level = "none"
+    elif domains == 1:
+        level = "scale_up"
+    elif local == 1:
+        level = "scale_out"
+    else:
+        level = "hierarchical"
+    return GroupPlacement(
+        name=name,
+        size=size,
+        stride=stride,
+        ranks_per_domain=local,
+        domains=domains,
+        level=level,
+        uniform=size % local == 0,
+    )
+
+
+def _attr(obj: Any, name: str) -> Any:
+    return getattr(obj, name, None)
+
+
+def _system_link(system: Any, name: str) -> Any:
+    link = _attr(system, name)
+    if link is None:
+        link = _attr(_attr(system, "accelerator"), name)
+    return link
+
+
+def domain_size(system: Any) -> int:
+    """Ranks per scale-up domain: ``min(system.scale_up_domain, system.num_devices)``.
+
+    Duck-typed: reads ``scale_up_domain`` (falling back to ``accelerator.scale_up.domain_size``, then
+    ``devices_per_node``) and ``num_devices``.
+    """
+    size = _attr(system, "scale_up_domain")
+    if size is None:
+        size = _attr(_system_link(system, "scale_up"), "domain_size")
+    if size is None:
+        size = _attr(system, "devices_per_node")
+    if size is None:
+        raise CatalogError("scale_up_domain", "the system gives no scale-up domain size")
+    devices = _attr(system, "num_devices")
+    return int(min(int(size), int(devices))) if devices is not None else int(size)
+
+
+def group_placement(layout: Layout, system: Any) -> dict[str, GroupPlacement]:
+    """Placement of every parallel group of ``layout`` on ``system`` (Megatron-LM rank order).
+
+    Keys: ``tp`` (stride 1), ``cp`` (stride tp), ``dp`` (stride tp·cp), ``shard`` (the ZeRO/FSDP and
+    gradient-reduction group dp·cp, stride tp), ``ep`` (stride tp), ``expert_dp`` (dp·cp/ep, stride
+    tp·ep: reduces expert gradients), ``pp`` (stride tp·cp·dp). Domain size = min(scale-up domain,
+    devices). ``system`` is duck-typed (``scale_up_domain``, ``num_devices``).
+    """
+    devices = _attr(system, "num_devices")
+    if devices is not None and int(devices) != layout.num_devices:
+        raise LayoutError(
+            "devices",
+            f"layout uses dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = {layout.num_devices} "
+            f"devices but the system has {devices}",
+        )
+    d = domain_size(system)
+    tp, cp, dp, ep = layout.tp, layout.cp, layout.dp, layout.ep
+    shard = dp * cp
+    return {
+        "tp": place_group("tp", tp, 1, d),
+        "cp": place_group("cp", cp, tp, d),
+        "dp": place_group("dp", dp, tp * cp, d),
+        "shard": place_group("shard", shard, tp, d),
+        "ep": place_group("ep", ep, tp, d),
+        "expert_dp": place_group("expert_dp", shard // ep, tp * ep, d),
+        "pp": place_group("pp", layout.pp, tp * cp * dp, d),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The network of a system
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """The two levels a chip sees. ``scale_out`` is None for a single-domain system."""
+
+    scale_up: LinkLevel
+    scale_out: LinkLevel | None = None
+
+    def time_s(self, kind: CollectiveKind, n_bytes: float, placement: GroupPlacement) -> float:
+        """Time of one collective of ``kind`` with an ``n_bytes`` buffer over the placed group."""
+        if placement.level == "none" or n_bytes == 0:
+            return 0.0
+        if placement.level == "scale_up":
+            return hierarchical_s(kind, n_bytes, placement.size, placement.size, self.scale_up, self.scale_up)
+        if self.scale_out is None:
+            raise CatalogError(
+                "scale_out",
+                f"the {placement.name} group spans {placement.domains} scale-up domains but the system has "
+                "no scale-out network; keep the group inside one domain or add a scale-out link",
+            )
+        return hierarchical_s(
+            kind, n_bytes, placement.size, placement.ranks_per_domain, self.scale_up, self.scale_out
+        )
+
+
+def _level_from_link(
+    link: Any, default_latency_s: float, efficiency: float | None, default_eff: float
+) -> LinkLevel:
+    bw = _attr(link, "bandwidth_bytes_per_s")
+    if bw is None or not float(bw) > 0:
+        raise CatalogError("bandwidth_bytes_per_s", "the link gives no positive bandwidth")
+    latency = _attr(link, "latency_s")
+    eff = efficiency if efficiency is not None else _attr(link, "efficiency")
+    return LinkLevel(
+        bandwidth_bytes_per_s=float(bw),
+        latency_s=float(latency) if latency is not None else default_latency_s,
+        efficiency=float(eff) if eff is not None else default_eff,
+    )
+
+
+def network_from_system(
+    system: Any, *, scale_up_efficiency: float | None = None, scale_out_efficiency: float | None = None
+) -> Network:
+    """Build the :class:`Network` of a system (duck-typed on ``scale_up`` / ``scale_out`` links).
+
+    Links are looked up on the system, then on ``system.accelerator``; each needs
+    ``bandwidth_bytes_per_s`` (per chip, one direction) and may give ``latency_s`` and ``efficiency``.
+    Efficiency precedence: argument, then the link's own, then :data:`SCALE_UP_EFFICIENCY` /
+    :data:`SCALE_OUT_EFFICIENCY`. A system without scale-up links (PCIe-only cards) should describe
+    PCIe as its scale-up link.
+    """
+    up_link = _system_link(system, "scale_up")
+    if up_link is None:
+        raise CatalogError("scale_up", "the system gives no scale-up link")
+    up = _level_from_link(up_link, DEFAULT_SCALE_UP_LATENCY_S, scale_up_efficiency, SCALE_UP_EFFICIENCY)
+    out_link = _system_link(system, "scale_out")
+    out = None
+    if out_link is not None and (_attr(out_link, "bandwidth_bytes_per_s") or 0) > 0:
+        out = _level_from_link(
+            out_link, DEFAULT_SCALE_OUT_LATENCY_S, scale_out_efficiency, SCALE_OUT_EFFICIENCY
+        )
+    return Network(scale_up=up, scale_out=out)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-step traffic of each parallelism
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One recurring collective of a training step, as seen by one device.
+
+    ``buffer_bytes`` is the per-call buffer in the convention of the primitives (full, unsharded),
+    ``calls`` how many times it runs per step, ``wire_bytes`` what the device sends per step
+    (``bus_factor · buffer_bytes · calls``), ``time_s`` the total time per step if nothing overlaps,
+    and ``overlappable_with`` the compute phase it can hide behind ("none": on the critical path).
+    """
+
+    name: str
+    kind: CollectiveKind
+    group: str
+    group_size: int
+    level: Level
+    buffer_bytes: float
+    calls: float
+    wire_bytes: float
+    time_s: float
+    overlappable_with: Overlap
+    source: str
+
+
+def _collective(
+    name: str,
+    kind: CollectiveKind,
+    placement: GroupPlacement,
+    buffer_bytes: float,
+    calls: float,
+    network: Network,
+    overlap: Overlap,
+    source: str,
+) -> Collective:
+    per_call = network.time_s(kind, buffer_bytes, placement)
+    sends = bus_factor(kind, placement.size) if placement.size > 1 else 0.0
+    return Collective(
+        name=name,
+        kind=kind,
+        group=placement.name,
+        group_size=placement.size,
+        level=placement.level,
+        buffer_bytes=buffer_bytes,
+        calls=calls,
+        wire_bytes=sends * buffer_bytes * calls,
+        time_s=per_call * calls,
+        overlappable_with=overlap,
+        source=source,
+    )
+
+
+_ZERO_SRC = "Rajbhandari et al. 2020 (ZeRO), Sec. 7: DDP/ZeRO-1/2 move 2Ψ per step, ZeRO-3 3Ψ"
+
+
+def data_parallel_collectives(
+    *,
+    zero: int,
+    param_bytes: float,
+    grad_bytes: float,
+    micro_batches: int,
+    shard: GroupPlacement,
+    network: Network,
+    prefix: str = "dp",
+    overlap_param_gather: bool = False,
+) -> tuple[Collective, ...]:
+    """Gradient / parameter traffic of data parallelism on one device per step.
+
+    ``param_bytes``: the device's (tp/pp/ep-sharded but not ZeRO-sharded) weights in their storage
+    dtype; ``grad_bytes``: its trainable gradients (PEFT: adapters only). Per ZeRO stage
+    (Rajbhandari et al. 2020, Sec. 5 and 7):
+
+    * 0 (DDP): all-reduce of the gradients once per step, bucketed behind backward (Li et al. 2020,
+      PyTorch DDP, Sec. 3.2): 2Ψ.
+    * 1: reduce-scatter of gradients once per step (behind backward) + all-gather of the updated
+      parameters after the optimizer step (exposed unless ``overlap_param_gather``, as Megatron's
+      ``--overlap-param-gather`` hides it behind the next forward): 2Ψ.
+    * 2: as 1, but gradients are partitioned, so they are reduce-scattered every micro-batch.
+    * 3 (FSDP FULL_SHARD): all-gather of the parameters before each micro-batch's forward and again
+      before its backward, reduce-scatter of the gradients after each backward: 3Ψ per micro-batch
+      (prefetching hides them behind compute).
+    """
+    if shard.size <= 1:
+        return ()
+    m = micro_batches
+    if zero == 0:
+        return (
+            _collective(
+                f"{prefix}_grad_all_reduce",
+                "all_reduce",
+                shard,
+                grad_bytes,
+                1,
+                network,
+                "backward",
+                _ZERO_SRC,
+            ),
+        )
+    gather_overlap: Overlap = "forward" if overlap_param_gather else "none"
+    if zero in (1, 2):
+        rs_calls = 1 if zero == 1 else m
+        return (
+            _collective(
+                f"{prefix}_grad_reduce_scatter",
+                "reduce_scatter",
+                shard,
+                grad_bytes,
+                rs_calls,
+                network,
+                "backward",
+                _ZERO_SRC,
+            ),
+            _collective(
+                f"{prefix}_param_all_gather",
+                "all_gather",
+                shard,
+                param_bytes,
+                1,
+                network,
+                gather_overlap,
+                _ZERO_SRC,
+            ),
+        )
+    return (
+        _collective(
+            f"{prefix}_fsdp_forward_all_gather",
+            "all_gather",
+            shard,
+            param_bytes,
+            m,
+            network,
+            "forward",
+            _ZERO_SRC,
+        ),
+        _collective(
+            f"{prefix}_fsdp_backward_all_gather",
+            "all_gather",
+            shard,
+            param_bytes,
+            m,
+            network,
+            "backward",
+            _ZERO_SRC,
+        ),
+        _collective(
+            f"{prefix}_fsdp_grad_reduce_scatter",
+            "reduce_scatter",
+            shard,
+            grad_bytes,
+            m,
+            network,
+            "backward",
+            _ZERO_SRC,
+        ),
+    )
+
+
+_TP_SRC = (
+    "Shoeybi et al. 2019 (Megatron-LM), Sec. 3: 2 all-reduces per layer forward, 2 backward; "
+    "Korthikanti et al. 2022, Sec. 4.2.2: with SP each becomes all-gather + reduce-scatter, same volume"
+)
+
+
+def tensor_parallel_collectives(
+    *,
+    activation_bytes: float,
+    layers: int,
+    micro_batches: int,
+    sequence_parallel: bool,
+    recompute: str,
+    tp: GroupPlacement,
+    network: Network,
+    overlap: Overlap = "none",
+) -> tuple[Collective, ...]:
+    """Tensor-parallel activation collectives of the layers on one device per step.
+
+    ``activation_bytes`` = b·(s/cp)·h·e, the full layer activation of one micro-batch. Each layer
+    has two TP regions (attention, MLP): forward ends each with an all-reduce (``g``), backward
+    starts each with one (``f``), so 2 + 2 per layer; with sequence parallelism the forward pair
+    becomes all-gather (entering the region) + reduce-scatter (leaving it), and backward the mirror,
+    with the same bandwidth (AR = RS + AG). Full recompute re-runs the forward collectives; selective
+    recompute of the attention core needs none. Not overlapped by default (Megatron's TP comm sits
+    on the critical path unless ``--tp-comm-overlap``). Omitted: the vocab-parallel embedding
+    all-reduce and the cross-entropy reductions (one b·s·h and a few b·s per micro-batch).
+    """
+    if tp.size <= 1 or layers == 0:
+        return ()
+    per_pass = 2 * layers * micro_batches
+    passes: list[tuple[str, Overlap]] = [("forward", overlap), ("backward", overlap)]
+    if recompute == "full":
+        passes.append(("recompute", overlap))
+    out: list[Collective] = []
+    for name, ov in passes:
+        if sequence_parallel:
+            out.append(
+                _collective(
+                    f"tp_{name}_all_gather",
+                    "all_gather",
+                    tp,
+                    activation_bytes,
+                    per_pass,
+                    network,
+                    ov,
+                    _TP_SRC,
+                )
+            )
+            out.append(
+                _collective(
+                    f"tp_{name}_reduce_scatter",
+                    "reduce_scatter",
+                    tp,
+                    activation_bytes,
+                    per_pass,
+                    network,
+                    ov,
+                    _TP_SRC,
+                )
+            )
+            if name == "backward":
+                # The all-gathered input of the two column-parallel linears is not saved (only the
+                # sequence shard is); backward gathers it again for the weight gradients
+                # (Korthikanti et al. 2022 Sec. 4.2.2). Megatron issues it asynchronously beside the
+                # input-gradient GEMM, yet their Table 4 shows sequence parallelism saving 0.5 ms of
+                # a 7.7 ms forward but only 0.1 ms of an 11.9 ms backward: the re-gather is paid.
+                out.append(
+                    _collective(
+                        "tp_backward_input_regather",
+                        "all_gather",
+                        tp,
+                        activation_bytes,
+                        per_pass,
+                        network,
+                        ov,
+                        _TP_SRC + "; Korthikanti et al. 2022 Sec. 4.2.2 (backward re-gather)",
+                    )
+                )
+        else:
+            out.append(
+                _collective(
+                    f"tp_{name}_all_reduce",
+                    "all_reduce",
+                    tp,
+                    activation_bytes,
+                    per_pass,
+                    network,
+                    ov,
+                    _TP_SRC,
+                )
+            )
+    return tuple(out)
+
+
+_PP_SRC = (
+    "Narayanan et al. 2021, Sec. 2.2 and 4.1: one activation send forward and one gradient send backward per "
+    "micro-batch per stage boundary, split over the tp ranks (scatter/gather optimisation)"
+)
+
+
+def pipeline_collectives(
+    *,
+    activation_bytes: float,
+    tp_size: int,
+    micro_batches: int,
+    virtual_stages: int,
+    pp: GroupPlacement,
+    network: Network,
+) -> tuple[Collective, ...]:
+    """Pipeline send/recv of one device per step.
+
+    Each micro-batch leaves a stage once forward (activations) and once backward (gradients);
+    with ``virtual_stages`` v the device runs v chunks, so 2·v·m sends of
+    ``activation_bytes / tp`` (b·(s/cp)·h·e split by the scatter/gather optimisation, which SP
+    gives for free). Neighbour stages sit on different domains once pp spans domains, so the send
+    uses the level of the slowest hop. Exposed (on the 1F1B critical path); it is small.
+    """
+    if pp.size <= 1:
+        return ()
+    calls = 2 * virtual_stages * micro_batches
+    return (
+        _collective(
+            "pp_send_recv", "send_recv", pp, activation_bytes / tp_size, calls, network, "none", _PP_SRC
+        ),
+    )
+
+
+_EP_SRC = (
+    "Lepikhin et al. 2020 (GShard) and Fedus et al. 2021 (Switch), Sec. 2.2: dispatch and combine all-to-all of "
+    "the routed tokens per MoE layer, forward and backward"
+)
+
+
+def expert_parallel_collectives(
+    *,
+    routed_bytes: float,
+    moe_layers: int,
+    micro_batches: int,
+    recompute: str,
+    ep: GroupPlacement,
+    network: Network,
+) -> tuple[Collective, ...]:
+    """Expert-parallel all-to-alls of one device per step.
+
+    ``routed_bytes`` = local tokens · K · h · e · capacity factor: each token goes to K experts
+    (dispatch) and comes back (combine). Per MoE layer per micro-batch: 2 all-to-alls forward,
+    2 backward, 2 more with full recompute. Not overlapped by default (DualPipe-style schedules
+    hide them; DeepSeek-V3 report, Sec. 3.2.1).
+    """
+    if ep.size <= 1 or moe_layers == 0:
+        return ()
+    calls = 2 * moe_layers * micro_batches
+    passes = ["forward", "backward"] + (["recompute"] if recompute == "full" else [])
+    return tuple(
+        _collective(f"ep_{p}_all_to_all", "all_to_all", ep, routed_bytes, calls, network, "none", _EP_SRC)
+        for p in passes
+    )
+
+
+_CP_SRC = (
+    "Liu et al. 2023 (Ring Attention), Sec. 3: cp−1 ring steps per layer pass the local K,V block while the "
+    "current block's attention is computed; backward also passes dK,dV (Megatron-LM context parallelism)"
+)
+
+
+def context_parallel_collectives(
+    *,
+    kv_bytes: float,
+    layers: int,
+    micro_batches: int,
+    recompute: str,
+    cp: GroupPlacement,
+    network: Network,
+) -> tuple[Collective, ...]:
+    """Ring-attention K/V exchange of one device per step.
+
+    ``kv_bytes`` = 2·b·(s/cp)·(k·d/tp)·e, the local K and V. Forward: cp−1 send/recv steps of it per
+    layer, overlappable with the attention of the block in hand; backward: cp−1 steps of K,V plus
+    dK,dV (2× the bytes); full and selective recompute repeat the forward ring.
+    """
+    if cp.size <= 1 or layers == 0:
+        return ()
+    steps = (cp.size - 1) * layers * micro_batches
+    out = [
+        _collective("cp_forward_kv", "send_recv", cp, kv_bytes, steps, network, "forward", _CP_SRC),
+        _collective("cp_backward_kv", "send_recv", cp, 2 * kv_bytes, steps, network, "backward", _CP_SRC),
+    ]
+    if recompute in ("full", "selective"):
+        out.append(
+            _collective("cp_recompute_kv", "send_recv", cp, kv_bytes, steps, network, "backward", _CP_SRC)
+        )
+    return tuple(out)
+
+
+def step_collectives(
+    spec: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    network: Network,
+    placements: dict[str, GroupPlacement],
+    *,
+    dense_params: float,
+    expert_params: float = 0.0,
+    trainable_dense_params: float | None = None,
+    trainable_expert_params: float | None = None,
+    micro_batches: int = 1,
+    capacity_factor: float = 1.0,
+    overlap_param_gather: bool = False,
+) -> tuple[Collective, ...]:
+    """Every collective of one step on a device of the busiest pipeline stage.
+
+    Parameter counts are whole-model numbers (from the parameter-count module): ``dense_params``
+    (everything but routed experts) and ``expert_params`` (routed experts). Per device they divide
+    by tp·pp (dense) and tp·pp·ep (experts; expert tensor parallelism = tp). Trainable counts
+    default to the full counts (PEFT: pass the adapter counts). Weights travel in the recipe's
+    weight dtype (QLoRA: NF4, 0.5 B), gradients in the weight dtype of the trained parameters.
+    Layers per stage = ⌈L/pp⌉ (the busiest stage).
+    """
+    tp, pp, cp = layout.tp, layout.pp, layout.cp
+    e = BYTES_PER_ELEMENT[recipe.weight_dtype]
+    w = BYTES_PER_ELEMENT["nf4"] if recipe.method == "qlora" else e
+    t_dense = dense_params if trainable_dense_params is None else trainable_dense_params
+    t_expert = expert_params if trainable_expert_params is None else trainable_expert_params
+    out: list[Collective] = []
+    out += data_parallel_collectives(
+        zero=layout.zero,
+        param_bytes=dense_params / (tp * pp) * w,
+        grad_bytes=t_dense / (tp * pp) * e,
+        micro_batches=micro_batches,
+        shard=placements["shard"],
+        network=network,
+        overlap_param_gather=overlap_param_gather,
+    )
+    if expert_params:
+        out += data_parallel_collectives(
+            zero=layout.zero,
+            param_bytes=expert_params / (tp * pp * layout.ep) * w,
+            grad_bytes=t_expert / (tp * pp * layout.ep) * e,
+            micro_batches=micro_batches,
+            shard=placements["expert_dp"],
+            network=network,
+            prefix="expert_dp",
+            overlap_param_gather=overlap_param_gather,
+        )
+    b, s, h = recipe.micro_batch, recipe.seq_len, spec.hidden_size
+    act = b * (s / cp) * h * e
+    layers = math.ceil(spec.num_layers / pp)
+    out += tensor_parallel_collectives(
+        activation_bytes=act,
+        layers=layers,
+        micro_batches=micro_batches,
+        sequence_parallel=layout.sequence_parallel,
+        recompute=recipe.recompute,
+        tp=placements["tp"],
+        network=network,
+    )
+    out += pipeline_collectives(
+        activation_bytes=act,
+        tp_size=tp,
+        micro_batches=micro_batches,
+        virtual_stages=layout.virtual_stages,
+        pp=placements["pp"],
+        network=network,
+    )
+    if spec.moe is not None and layout.ep > 1:
+        moe_layers = math.ceil(spec.num_moe_layers / pp)
+        local_tokens = b * s / cp / (tp if layout.sequence_parallel else 1)
+        out += expert_parallel_collectives(
+            routed_bytes=local_tokens * spec.moe.top_k * h * e * capacity_factor,
+            moe_layers=moe_layers,
+            micro_batches=micro_batches,
+            recompute=recipe.recompute,
+            ep=placements["ep"],
+            network=network,
+        )
+    if cp > 1:
+        kv_heads_local = max(spec.num_kv_heads / tp, 1.0)
+        out += context_parallel_collectives(
+            kv_bytes=2 * b * (s / cp) * kv_heads_local * spec.head_dim * e,
+            layers=layers,
+            micro_batches=micro_batches,
+            recompute=recipe.recompute,
+            cp=placements["cp"],
+            network=network,
+        )
+    return tuple(out)

@@ -1,0 +1,134 @@
+"""Run cost: time to train, device-hours, money and energy.
+
+    run.time_s        = tokens / tokens_per_s
+    run.device_hours  = devices · time_s / 3600
+    run.cost_usd      = device_hours · price ($ per device-hour), null when no price is known
+    run.energy_kwh    = devices · P_avg · time_s / 3.6e6 · PUE
+
+Price: ``--price`` (user, $/device-hour), else ``--provider`` (the catalog's dated offering of that
+provider), else the cheapest dated offering in the catalog; every offering names its provider,
+instance, date and source. Energy counts the accelerators only (not hosts, switches or storage)
+and scales by the data-centre PUE. Average device power follows the linear utilisation model
+used by Patterson et al. 2021 ("Carbon Emissions and Large Neural Network Training", Sec. 2):
+
+    P_avg = P_idle + (TDP − P_idle) · u,    u = compute time / step time (the busy fraction)
+
+with P_idle = ``IDLE_POWER_FRACTION`` · TDP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from trainplan.errors import TrainplanError
+from trainplan.hardware.accelerator import CloudOffering
+from trainplan.hardware.system import System
+from trainplan.timing import Throughput, TimeBreakdown
+from trainplan.units import SECONDS_PER_HOUR
+
+IDLE_POWER_FRACTION: Final = 0.25
+"""Idle power of an accelerator as a fraction of its TDP. Assumption: datacentre GPUs idle at
+roughly 60–100 W against 400–700 W TDPs (nvidia-smi on A100/H100); stated, not measured here."""
+
+DEFAULT_PUE: Final = 1.2
+"""Power usage effectiveness of the data centre. Assumption between hyperscale (~1.1, Google
+data-centre efficiency reports) and the industry average (~1.5, Uptime Institute surveys)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCost:
+    tokens: float | None
+    time_s: float | None
+    device_hours: float | None
+    cost_usd: float | None
+    usd_per_device_hour: float | None
+    price_source: str | None
+    energy_kwh: float | None
+    average_power_w: float | None
+    pue: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "tokens": self.tokens,
+            "time_s": self.time_s,
+            "device_hours": self.device_hours,
+            "cost_usd": self.cost_usd,
+            "usd_per_device_hour": self.usd_per_device_hour,
+            "price_source": self.price_source,
+            "energy_kwh": self.energy_kwh,
+            "average_power_w": self.average_power_w,
+            "pue": self.pue,
+        }
+
+
+def choose_offering(system: System, provider: str | None) -> CloudOffering | None:
+    """The offering of ``provider`` (cheapest if it lists several), else the system's default."""
+    acc = system.accelerator
+    if provider is None:
+        return system.price
+    offers = [o for o in acc.cloud if o.provider.lower() == provider.lower()]
+    if not offers:
+        known = sorted({o.provider for o in acc.cloud}) or ["none listed"]
+        raise TrainplanError(
+            "provider",
+            f"no {provider!r} offering for {acc.name} in the catalog (providers: {', '.join(known)}); "
+            "use --price USD_PER_DEVICE_HOUR",
+        )
+    return min(offers, key=lambda o: o.usd_per_device_hour)
+
+
+def run_cost(
+    system: System,
+    time: TimeBreakdown,
+    throughput: Throughput,
+    *,
+    tokens: float | None,
+    price_usd_per_device_hour: float | None = None,
+    provider: str | None = None,
+    pue: float = DEFAULT_PUE,
+) -> RunCost:
+    """Time, device-hours, dollars and kWh to train ``tokens`` tokens (all null without tokens)."""
+    if pue < 1.0:
+        raise TrainplanError("pue", f"PUE is at least 1.0 (facility power / IT power), got {pue}")
+    if price_usd_per_device_hour is not None:
+        price: float | None = price_usd_per_device_hour
+        price_source: str | None = "user (--price)"
+    else:
+        offer = choose_offering(system, provider)
+        price = None if offer is None else offer.usd_per_device_hour
+        price_source = (
+            None if offer is None else f"{offer.provider} {offer.instance} ({offer.date}): {offer.source}"
+        )
+    acc = system.accelerator
+    busy = time.compute_s / time.step_s if time.step_s > 0 else 0.0
+    power = None
+    if acc.tdp_w is not None:
+        idle = IDLE_POWER_FRACTION * acc.tdp_w
+        power = idle + (acc.tdp_w - idle) * busy
+    if tokens is None:
+        return RunCost(
+            tokens=None,
+            time_s=None,
+            device_hours=None,
+            cost_usd=None,
+            usd_per_device_hour=price,
+            price_source=price_source,
+            energy_kwh=None,
+            average_power_w=power,
+            pue=pue,
+        )
+    time_s = tokens / throughput.tokens_per_s
+    device_hours = system.num_devices * time_s / SECONDS_PER_HOUR
+    energy = None if power is None else system.num_devices * power * time_s / 3.6e6 * pue
+    return RunCost(
+        tokens=tokens,
+        time_s=time_s,
+        device_hours=device_hours,
+        cost_usd=None if price is None else device_hours * price,
+        usd_per_device_hour=price,
+        price_source=price_source,
+        energy_kwh=energy,
+        average_power_w=power,
+        pue=pue,
+    )

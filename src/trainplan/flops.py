@@ -1,0 +1,939 @@
+"""FLOPs and memory-bound bytes of a transformer training step.
+
+Notation (as in ``models/spec.py``)::
+
+    L  layers        h  hidden        a  query heads     k  key/value heads   d  head_dim
+    f  dense FFN     V  vocab         E  experts         K  top-k             f_e expert FFN
+    b  micro-batch (sequences)        s  sequence length T = b·s tokens
+
+Conventions
+-----------
+* A matmul of an (m×k) by a (k×n) matrix costs ``2·m·n·k`` FLOPs (one multiply + one add per MAC).
+* **Causal attention** (default): flash-style kernels skip the fully masked blocks, so the score
+  (QKᵀ) and value (PV) matmuls count ``s²/2`` per head instead of ``s²``. The exact number of
+  unmasked entries is ``s(s+1)/2``; kernels compute the diagonal blocks in full, so ``s²/2`` is the
+  convention (Megatron-LM and NeMo halve the attention term the same way for causal masks; the
+  FlashAttention benchmarks halve it too). ``causal=False`` gives the full ``s²`` count used by
+  Megatron 2021 Eq. 3, Korthikanti 2022 Eq. 7 and PaLM App. B.
+* Only GEMMs are FLOPs. Biases, norms, activation functions, softmax, rotary, residual adds,
+  dropout, the MoE token permutation, the optimizer update and QLoRA dequantisation are
+  **memory-bound** and are expressed as bytes moved through HBM (``LayerMemoryTraffic``), so the
+  timing model can roofline them at memory bandwidth. Attention core FLOPs (QKᵀ, PV) are kept
+  apart from the projection/MLP GEMMs because they run in a different kernel.
+* Backward of a linear layer with trained weights costs 2× its forward (dX and dW); of a frozen
+  linear (LoRA/QLoRA base, frozen LM head) 1× its forward (dX only). Backward of the attention core
+  costs 2× its forward (dQ, dK from dS; dP, dV); FlashAttention's backward also recomputes
+  ``S = QKᵀ`` (one more score matmul; Dao et al. 2022, Alg. 4), counted as hardware FLOPs only.
+* **Model FLOPs** (the MFU numerator of DESIGN.md): forward + backward of the algorithm, no
+  recompute, causal-halved attention: ``6·N·T + 3·attention_forward`` for full training, where
+  ``N = gemm_params(spec)`` counts every weight that takes part in a GEMM per token (all linear
+  weights of the transformer blocks with MoE experts counted as active, the router, and the LM head;
+  not the embedding lookup, biases or norm weights). For LoRA: ``4·N_base·T + 6·N_adapter·T +
+  3·attention_forward`` (frozen base: no weight gradients).
+* **Hardware FLOPs** (HFU numerator) add what the hardware really executes on top: the recompute
+  forward (``full``: one more forward of every transformer layer, not of the LM head, as in
+  Megatron 2021 Eq. 3; ``selective``: one more forward of the attention core, Korthikanti 2022
+  Sec. 5) and FlashAttention's backward score recompute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainplan.dtypes import BYTES_PER_ELEMENT
+from trainplan.errors import LayoutError
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import LoRASpec, Recipe
+
+Direction = Literal["forward", "backward"]
+
+# Bytes of one FP32 value (cross-entropy works on FP32 logits; optimizer states are FP32).
+_FP32_BYTES = 4.0
+
+
+# --------------------------------------------------------------------------------------------
+# Per-layer FLOPs
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class LayerFlops:
+    """GEMM FLOPs of one forward of one transformer layer over ``b·s`` tokens (all devices together).
+
+    ``qkv_proj``    2·T·h·(a + 2k)·d               query/key/value projections (GQA: k ≤ a)
+    ``attn_scores`` 2·b·a·s²·d · (1/2 if causal)   QKᵀ
+    ``attn_values`` 2·b·a·s²·d · (1/2 if causal)   P·V
+    ``out_proj``    2·T·a·d·h                      attention output projection
+    ``mlp``         2·T·h·f · (3 gated | 2)        dense MLP: gate, up, down (SwiGLU/GeGLU) or up, down
+    ``moe_experts`` 2·T·h·(K·f_e + S·f_s) · (3|2)  routed experts (K per token) + S shared experts
+    ``router``      2·T·h·E (+ 2·T·h shared gate)  MoE router logits (Qwen2-MoE: + shared-expert gate)
+    """
+
+    qkv_proj: float
+    attn_scores: float
+    attn_values: float
+    out_proj: float
+    mlp: float = 0.0
+    moe_experts: float = 0.0
+    router: float = 0.0
+
+    @property
+    def attention(self) -> float:
+        """Attention-core FLOPs (QKᵀ + PV): run in the attention kernel, not as weight GEMMs."""
+        return self.attn_scores + self.attn_values
+
+    @property
+    def gemm(self) -> float:
+        """Weight-GEMM FLOPs: projections, MLP / experts and router."""
+        return self.qkv_proj + self.out_proj + self.mlp + self.moe_experts + self.router
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.attention
+
+
+def _mlp_matrices(spec: ModelSpec) -> int:
+    """Weight matrices of one MLP: 3 for gated (SwiGLU, GeGLU), 2 otherwise."""
+    return 3 if spec.gated else 2
+
+
+def _check_layer(spec: ModelSpec, layer_idx: int) -> None:
+    if not 0 <= layer_idx < spec.num_layers:
+        raise LayoutError("layer", f"layer index {layer_idx} outside 0..{spec.num_layers - 1}")
+
+
+def _attention_core_flops(spec: ModelSpec, b: float, s: float, causal: bool) -> float:
+    """One of QKᵀ or PV: 2·b·a·s²·d, halved for causal masks (module docstring)."""
+    full = 2.0 * b * spec.num_heads * s * s * spec.head_dim
+    return full / 2.0 if causal else full
+
+
+def layer_forward_flops(
+    spec: ModelSpec, layer_idx: int, b: float, s: float, causal: bool = True
+) -> LayerFlops:
+    """GEMM FLOPs of one forward of layer ``layer_idx`` over ``b`` sequences of ``s`` tokens.
+
+    Derivation: each linear ``n_in → n_out`` applied to T tokens is a (T×n_in)·(n_in×n_out) matmul,
+    2·T·n_in·n_out FLOPs; the attention core is two batched matmuls per head of s×d by d×s and
+    s×s by s×d (Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 5.1 and App.; GQA: Ainslie et al.
+    2023 changes only the K/V projection widths). MoE layers (``spec.is_moe_layer``) replace the
+    dense MLP by K routed experts per token plus the shared experts (Fedus et al. 2021; DeepSeekMoE,
+    Dai et al. 2024), and add the router ``h → E``.
+    """
+    _check_layer(spec, layer_idx)
+    t = b * s
+    h = spec.hidden_size
+    qkv = 2.0 * t * h * (spec.q_dim + 2 * spec.kv_dim)
+    out = 2.0 * t * spec.q_dim * h
+    core = _attention_core_flops(spec, b, s, causal)
+    m = _mlp_matrices(spec)
+    moe = spec.moe
+    if moe is not None and spec.is_moe_layer(layer_idx):
+        widths = moe.top_k * moe.expert_ffn_hidden + moe.num_shared_experts * moe.shared_width
+        experts = 2.0 * t * h * widths * m
+        router = 2.0 * t * h * moe.num_experts
+        if moe.shared_expert_gate and moe.num_shared_experts:
+            router += 2.0 * t * h
+        return LayerFlops(
+            qkv_proj=qkv, attn_scores=core, attn_values=core, out_proj=out, moe_experts=experts, router=router
+        )
+    mlp = 2.0 * t * h * spec.ffn_hidden * m
+    return LayerFlops(qkv_proj=qkv, attn_scores=core, attn_values=core, out_proj=out, mlp=mlp)
+
+
+def logits_forward_flops(spec: ModelSpec, b: float, s: float) -> float:
+    """LM head (output projection to the vocabulary): 2·b·s·h·V (Narayanan et al. 2021, App.)."""
+    return 2.0 * b * s * spec.hidden_size * spec.vocab_size
+
+
+def gemm_params(spec: ModelSpec, *, active: bool = True) -> int:
+    """Weights that take part in a GEMM for each token: the ``N`` of the ``6·N·T`` rule.
+
+    Per layer: ``h·(a + 2k)·d + a·d·h`` (attention) + ``m·h·f`` (dense MLP, m = 3 gated / 2) or
+    ``m·h·(K·f_e + S·f_s) + h·E`` (MoE with ``active=True``: the K routed experts a token uses, the S
+    shared experts and the router; ``active=False`` counts all E experts). Plus the LM head ``V·h``
+    (a GEMM whether or not it is tied to the embedding). Excluded: the embedding lookup (a gather,
+    no FLOPs), biases, norm weights, learned position tables. Computed here from the spec so the
+    FLOP count does not depend on the parameter-count module.
+    """
+    h = spec.hidden_size
+    m = _mlp_matrices(spec)
+    attn = h * (spec.q_dim + 2 * spec.kv_dim) + spec.q_dim * h
+    total = spec.vocab_size * h
+    moe = spec.moe
+    for i in range(spec.num_layers):
+        total += attn
+        if moe is not None and spec.is_moe_layer(i):
+            routed = moe.top_k if active else moe.num_experts
+            total += m * h * (routed * moe.expert_ffn_hidden + moe.num_shared_experts * moe.shared_width)
+            total += h * moe.num_experts
+            if moe.shared_expert_gate and moe.num_shared_experts:
+                total += h
+        else:
+            total += m * h * spec.ffn_hidden
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# GEMM shapes (for shape-dependent efficiency in the timing model)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Gemm:
+    """``count`` matmuls of (m×k)·(k×n) on one device, forward; FLOPs = count·2·m·n·k."""
+
+    name: str
+    m: float
+    n: float
+    k: float
+    count: float = 1.0
+
+    @property
+    def flops(self) -> float:
+        return self.count * 2.0 * self.m * self.n * self.k
+
+
+def layer_gemms(
+    spec: ModelSpec, layer_idx: int, tokens: float, *, tp: int = 1, ep: int = 1
+) -> tuple[Gemm, ...]:
+    """Forward weight GEMMs of one layer on one device that holds ``tokens`` tokens.
+
+    Megatron tensor parallelism (Shoeybi et al. 2019, Sec. 3) splits the output dimension of the
+    column-parallel layers (QKV, gate/up) and the input dimension of the row-parallel ones (out,
+    down) by ``tp``. Routed experts under balanced routing: each of the ``E/ep`` local experts sees
+    ``tokens·K·ep/E`` tokens (the ep group's tokens spread evenly; Fedus et al. 2021, Sec. 2.2 with
+    capacity factor 1). The router is not split by tp.
+    """
+    _check_layer(spec, layer_idx)
+    h = spec.hidden_size
+    gemms = [
+        Gemm(name="qkv_proj", m=tokens, n=(spec.q_dim + 2 * spec.kv_dim) / tp, k=h),
+        Gemm(name="out_proj", m=tokens, n=h, k=spec.q_dim / tp),
+    ]
+    up_count = 2.0 if spec.gated else 1.0
+    moe = spec.moe
+    if moe is not None and spec.is_moe_layer(layer_idx):
+        local = moe.num_experts / ep
+        per_expert = tokens * moe.top_k * ep / moe.num_experts
+        fe = moe.expert_ffn_hidden / tp
+        gemms += [
+            Gemm(name="router", m=tokens, n=moe.num_experts, k=h),
+            Gemm(name="expert_up", m=per_expert, n=fe, k=h, count=local * up_count),
+            Gemm(name="expert_down", m=per_expert, n=h, k=fe, count=local),
+        ]
+        if moe.num_shared_experts:
+            fs = moe.shared_width / tp
+            gemms += [
+                Gemm(name="shared_up", m=tokens, n=fs, k=h, count=moe.num_shared_experts * up_count),
+                Gemm(name="shared_down", m=tokens, n=h, k=fs, count=moe.num_shared_experts),
+            ]
+    else:
+        f = spec.ffn_hidden / tp
+        gemms += [
+            Gemm(name="mlp_up", m=tokens, n=f, k=h, count=up_count),
+            Gemm(name="mlp_down", m=tokens, n=h, k=f),
+        ]
+    return tuple(gemms)
+
+
+# --------------------------------------------------------------------------------------------
+# LoRA adapters
+# --------------------------------------------------------------------------------------------
+def _lora_linear_dims(spec: ModelSpec, layer_idx: int, target: str) -> list[tuple[int, int, float, int]]:
+    """(n_in, n_out, uses per token, adapter copies) of the linears a LoRA target names in one layer."""
+    h = spec.hidden_size
+    if target == "q":
+        return [(h, spec.q_dim, 1.0, 1)]
+    if target in ("k", "v"):
+        return [(h, spec.kv_dim, 1.0, 1)]
+    if target == "o":
+        return [(spec.q_dim, h, 1.0, 1)]
+    if target == "gate" and not spec.gated:
+        return []
+    moe = spec.moe
+    widths: list[tuple[int, float, int]]
+    if moe is not None and spec.is_moe_layer(layer_idx):
+        widths = [(moe.expert_ffn_hidden, float(moe.top_k), moe.num_experts)]
+        if moe.num_shared_experts:
+            widths.append((moe.shared_width, float(moe.num_shared_experts), moe.num_shared_experts))
+    else:
+        widths = [(spec.ffn_hidden, 1.0, 1)]
+    if target in ("gate", "up"):
+        return [(h, w, uses, copies) for w, uses, copies in widths]
+    return [(w, h, uses, copies) for w, uses, copies in widths]  # down
+
+
+def lora_adapter_flops_per_token(spec: ModelSpec, layer_idx: int, lora: LoRASpec) -> float:
+    """Forward FLOPs per token of the LoRA adapters of one layer: Σ 2·r·(n_in + n_out).
+
+    Each adapted linear ``n_in → n_out`` adds ``x·A`` (n_in → r) and ``(xA)·B`` (r → n_out)
+    (Hu et al. 2021, Sec. 4.1). MLP targets on MoE layers adapt the experts a token uses (K routed +
+    shared), as PEFT does when the target names match the expert projections.
+    """
+    total = 0.0
+    for target in lora.targets:
+        for n_in, n_out, uses, _ in _lora_linear_dims(spec, layer_idx, target):
+            total += 2.0 * lora.rank * (n_in + n_out) * uses
+    return total
+
+
+def lora_adapter_params(spec: ModelSpec, lora: LoRASpec) -> int:
+    """Trainable adapter weights: Σ r·(n_in + n_out) over adapted linears (every expert on MoE layers)."""
+    total = 0
+    for i in range(spec.num_layers):
+        for target in lora.targets:
+            for n_in, n_out, _, copies in _lora_linear_dims(spec, i, target):
+                total += copies * lora.rank * (n_in + n_out)
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# Memory-bound work (bytes)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class LayerMemoryTraffic:
+    """HBM bytes read + written by the memory-bound ops of one pass of one layer (all devices).
+
+    Each term counts whole-tensor reads and writes of unfused elementwise / reduction kernels, with
+    ``e`` bytes per activation element, T = b·s tokens (forward / backward tensors touched):
+
+    ``norms``       pre-attention + pre-MLP norm (+2 post-norms, + q/k norms):   x→y (2) / x,dy→dx (3)
+    ``rotary``      RoPE on q and k, T·(a+k)·d elements:                         2 / 2
+    ``activation``  GELU on T·f: 2 / 3;  SwiGLU/GeGLU (gate, up → y):            3 / 5
+    ``softmax``     eager attention only, b·a·s² elements (full matrix; the mask is applied by
+                    value, not skipped):                                        2 / 3
+    ``attention_io`` flash attention kernel I/O: reads Q, K, V, writes O:         (2a+2k)·d·T
+                    backward reads Q, K, V, O, dO and writes dQ, dK, dV:          (4a+4k)·d·T
+    ``residual``    two residual adds, T·h each:                                 3 / 3
+                    (+ a 1-byte dropout mask per add when dropout > 0: 1 / 1)
+    ``softmax`` with dropout > 0 also moves the attention-dropout output and mask: (2e+1) both ways
+    ``moe_permute`` token dispatch (gather T·K rows) and combine (weighted scatter back):
+                    T·K·h·2 + T·K·h + T·h  both ways
+    ``router``      softmax + top-k over T·E router logits:                      2 / 2
+
+    Sources: the tensor lists follow Korthikanti et al. 2022, Sec. 4.1 (which tensors each op reads
+    and stores); the read/write counts are the minimal traffic of an unfused kernel (an assumption
+    about fusion, not a measurement). GEMM operand traffic is not included: the GEMM roofline owns it.
+    """
+
+    norms: float
+    rotary: float
+    activation: float
+    softmax: float
+    attention_io: float
+    residual: float
+    moe_permute: float = 0.0
+    router: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (
+            self.norms
+            + self.rotary
+            + self.activation
+            + self.softmax
+            + self.attention_io
+            + self.residual
+            + self.moe_permute
+            + self.router
+        )
+
+
+def layer_memory_traffic(
+    spec: ModelSpec,
+    layer_idx: int,
+    b: float,
+    s: float,
+    *,
+    dtype_bytes: float = 2.0,
+    attention: Literal["flash", "eager"] = "flash",
+    direction: Direction = "forward",
+    dropout: bool = False,
+) -> LayerMemoryTraffic:
+    """Bytes moved by the memory-bound ops of one forward or backward of one layer (see the class)."""
+    _check_layer(spec, layer_idx)
+    bwd = direction == "backward"
+    t = b * s
+    h = spec.hidden_size
+    e = dtype_bytes
+    norm_count = 2 + (2 if spec.post_norms else 0)
+    norms = norm_count * t * h * e * (3 if bwd else 2)
+    if spec.qk_norm:
+        norms += t * (spec.num_heads + spec.num_kv_heads) * spec.head_dim * e * (3 if bwd else 2)
+    qk_elems = t * (spec.num_heads + spec.num_kv_heads) * spec.head_dim
+    rotary = 2.0 * qk_elems * e if spec.position == "rope" else 0.0
+    moe = spec.moe
+    is_moe = moe is not None and spec.is_moe_layer(layer_idx)
+    if moe is not None and is_moe:
+        act_width = moe.top_k * moe.expert_ffn_hidden + moe.num_shared_experts * moe.shared_width
+    else:
+        act_width = spec.ffn_hidden
+    if spec.gated:
+        activation = t * act_width * e * (5 if bwd else 3)
+    else:
+        activation = t * act_width * e * (3 if bwd else 2)
+    if attention == "eager":
+        softmax = b * spec.num_heads * s * s * e * (3 if bwd else 2)
+        if dropout:
+            # attention-probability dropout: forward reads P, writes P' and a 1-byte mask; backward
+            # reads dP' and the mask, writes dP (Korthikanti et al. 2022 Sec. 4.1 lists the mask)
+            softmax += b * spec.num_heads * s * s * (2 * e + 1)
+        attention_io = 0.0
+    else:
+        softmax = 0.0
+        io_heads = (4 if bwd else 2) * (spec.num_heads + spec.num_kv_heads)
+        attention_io = t * io_heads * spec.head_dim * e
+    residual = 2 * 3.0 * t * h * e
+    if dropout:
+        residual += 2 * 1.0 * t * h  # two hidden dropouts fused with the residual add: 1-byte mask each
+    moe_permute = 0.0
+    router = 0.0
+    if moe is not None and is_moe:
+        moe_permute = (3.0 * t * moe.top_k * h + t * h) * e
+        router = 2.0 * t * moe.num_experts * e
+    return LayerMemoryTraffic(
+        norms=norms,
+        rotary=rotary,
+        activation=activation,
+        softmax=softmax,
+        attention_io=attention_io,
+        residual=residual,
+        moe_permute=moe_permute,
+        router=router,
+    )
+
+
+def embedding_memory_bytes(spec: ModelSpec, b: float, s: float, *, dtype_bytes: float = 2.0) -> float:
+    """Embedding gather (forward) or scatter-add of its gradient (backward): read + write T·h."""
+    return 2.0 * b * s * spec.hidden_size * dtype_bytes
+
+
+def logits_memory_bytes(spec: ModelSpec, b: float, s: float, *, dtype_bytes: float = 2.0) -> float:
+    """Cross-entropy over the logits, one direction: read T·V logits (e bytes), write T·V FP32.
+
+    Forward reads the logits and writes FP32 probabilities (or their log-sum-exp); backward reads
+    those and writes the logit gradient. Both directions move ``T·V·(e + 4)`` bytes (assumption:
+    an unfused FP32 cross-entropy, the PyTorch default; fused kernels move less).
+    """
+    return b * s * spec.vocab_size * (dtype_bytes + _FP32_BYTES)
+
+
+def qlora_dequant_bytes_per_param(lora: LoRASpec) -> float:
+    """Bytes moved to dequantise one NF4 weight to BF16: read 0.5 B + its constants, write 2 B.
+
+    Quantisation constants (Dettmers et al. 2023, Sec. 3, "Double Quantization"): one FP32 absmax
+    per ``quant_block`` weights, or with double quantisation one 8-bit constant per block plus one
+    FP32 per ``double_quant_block`` blocks. bitsandbytes dequantises each weight before every GEMM
+    that uses it, so this is paid per pass (forward, backward dX, recompute) per micro-batch.
+    """
+    if lora.double_quant:
+        constants = 1.0 / lora.quant_block + _FP32_BYTES / (lora.quant_block * lora.double_quant_block)
+    else:
+        constants = _FP32_BYTES / lora.quant_block
+    return BYTES_PER_ELEMENT["nf4"] + constants + BYTES_PER_ELEMENT["bf16"]
+
+
+def _quantised_layer_params(spec: ModelSpec, layer_idx: int) -> float:
+    """Linear weights of one block that QLoRA stores in NF4 (all experts; router and LM head stay BF16)."""
+    h = spec.hidden_size
+    m = _mlp_matrices(spec)
+    attn = h * (spec.q_dim + 2 * spec.kv_dim) + spec.q_dim * h
+    moe = spec.moe
+    if moe is not None and spec.is_moe_layer(layer_idx):
+        widths = moe.num_experts * moe.expert_ffn_hidden + moe.num_shared_experts * moe.shared_width
+        return float(attn + m * h * widths)
+    return float(attn + m * h * spec.ffn_hidden)
+
+
+# Optimizer update traffic per trained parameter, bytes excluding the gradient read and the
+# compute-copy write (added from the recipe's dtypes): reads + writes of the FP32 master weight and
+# the optimizer states. adamw: master 4+4, m 4+4, v 4+4; adamw-8bit: master 4+4, m 1+1, v 1+1
+# (Dettmers et al. 2022, 8-bit optimizers; block constants ignored); sgd: master 4+4;
+# sgd-momentum / lion: + one FP32 state 4+4; adafactor: master 4+4 + factored second moment (≈0)
+# + one more read of the gradient for its row/column statistics (counted as 4).
+_OPTIMIZER_STATE_BYTES: dict[str, float] = {
+    "adamw": 24.0,
+    "adamw-8bit": 12.0,
+    "sgd": 8.0,
+    "sgd-momentum": 16.0,
+    "lion": 16.0,
+    "adafactor": 12.0,
+}
+
+
+def optimizer_update_bytes(trained_params: float, recipe: Recipe) -> float:
+    """HBM bytes of one optimizer step over ``trained_params`` parameters on one device.
+
+    Per parameter: the optimizer's state traffic (table above; ZeRO Sec. 3.1 for the FP32 master +
+    Adam moments layout), one read of the gradient for the global-norm clip and one for the update
+    (gradient dtype = the recipe's weight dtype), and the write of the low-precision compute copy
+    when master weights are kept (``recipe.py`` precision table). With ``precision=fp32`` there is no
+    separate master copy: the FP32 weight itself is read and written (same 8 bytes).
+    """
+    grad_b = BYTES_PER_ELEMENT[recipe.weight_dtype]
+    per_param = _OPTIMIZER_STATE_BYTES[recipe.optimizer] + 2.0 * grad_b
+    if recipe.keeps_master_weights:
+        per_param += BYTES_PER_ELEMENT[recipe.weight_dtype]
+    return trained_params * per_param
+
+
+# --------------------------------------------------------------------------------------------
+# Passes and steps
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class PassCost:
+    """One pass (forward, backward or recompute): GEMM FLOPs, attention-core FLOPs, memory-bound bytes."""
+
+    gemm_flops: float = 0.0
+    attention_flops: float = 0.0
+    memory_bytes: float = 0.0
+
+    @property
+    def flops(self) -> float:
+        return self.gemm_flops + self.attention_flops
+
+    def __add__(self, other: PassCost) -> PassCost:
+        return PassCost(
+            gemm_flops=self.gemm_flops + other.gemm_flops,
+            attention_flops=self.attention_flops + other.attention_flops,
+            memory_bytes=self.memory_bytes + other.memory_bytes,
+        )
+
+    def scaled(self, factor: float) -> PassCost:
+        return PassCost(
+            gemm_flops=self.gemm_flops * factor,
+            attention_flops=self.attention_flops * factor,
+            memory_bytes=self.memory_bytes * factor,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Split:
+    """Per-device divisors of the layer terms (1 = replicated)."""
+
+    tp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def sharded(self) -> float:
+        """Tensor-parallel ops (projections, MLP, attention heads): split by tp and by cp (tokens)."""
+        return float(self.tp * self.cp)
+
+    @property
+    def replicated_unless_sp(self) -> float:
+        """Norms, residuals, router: split over the sequence by cp; over tp only with SP."""
+        return float(self.cp * (self.tp if self.sequence_parallel else 1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LayerPasses:
+    forward: PassCost
+    backward: PassCost
+    recompute: PassCost
+    model_flops: float
+    dequant_bytes: float
+
+
+def _layer_passes(
+    spec: ModelSpec, i: int, recipe: Recipe, b: float, causal: bool, split: _Split
+) -> _LayerPasses:
+    s = float(recipe.seq_len)
+    fl = layer_forward_flops(spec, i, b, s, causal)
+    e = BYTES_PER_ELEMENT[recipe.weight_dtype]
+    drop = recipe.dropout > 0.0
+    fwd_mem = layer_memory_traffic(spec, i, b, s, dtype_bytes=e, attention=recipe.attention, dropout=drop)
+    bwd_mem = layer_memory_traffic(
+        spec, i, b, s, dtype_bytes=e, attention=recipe.attention, direction="backward", dropout=drop
+    )
+    tpcp = split.sharded
+    rep = split.replicated_unless_sp
+
+    def mem(m: LayerMemoryTraffic) -> float:
+        sharded = m.rotary + m.activation + m.softmax + m.attention_io
+        replicated = m.norms + m.residual + m.moe_permute + m.router
+        return sharded / tpcp + replicated / rep
+
+    weights_fwd = (fl.qkv_proj + fl.out_proj + fl.mlp + fl.moe_experts) / tpcp + fl.router / rep
+    attn_fwd = fl.attention / tpcp
+    adapter_fwd = 0.0
+    lora = recipe.lora if recipe.is_peft else None
+    if lora is not None:
+        adapter_fwd = lora_adapter_flops_per_token(spec, i, lora) * b * s / tpcp
+    fwd_gemm = weights_fwd + adapter_fwd
+    forward = PassCost(gemm_flops=fwd_gemm, attention_flops=attn_fwd, memory_bytes=mem(fwd_mem))
+
+    base_bwd_factor = 1.0 if lora is not None else 2.0  # frozen base: dX only
+    flash_recompute = fl.attn_scores / tpcp if recipe.attention == "flash" else 0.0
+    backward = PassCost(
+        gemm_flops=base_bwd_factor * weights_fwd + 2.0 * adapter_fwd,
+        attention_flops=2.0 * attn_fwd + flash_recompute,
+        memory_bytes=mem(bwd_mem),
+    )
+    model = (1.0 + base_bwd_factor) * weights_fwd + 3.0 * adapter_fwd + 3.0 * attn_fwd
+
+    if recipe.recompute == "full":
+        recompute = forward
+    elif recipe.recompute == "selective":
+        core_bytes = (fwd_mem.softmax + fwd_mem.attention_io) / tpcp
+        recompute = PassCost(attention_flops=attn_fwd, memory_bytes=core_bytes)
+    else:
+        recompute = PassCost()
+
+    dequant = 0.0
+    if recipe.method == "qlora" and lora is not None:
+        passes = 2.0 + (1.0 if recipe.recompute == "full" else 0.0)
+        dequant = passes * _quantised_layer_params(spec, i) * qlora_dequant_bytes_per_param(lora) / split.tp
+    return _LayerPasses(
+        forward=forward, backward=backward, recompute=recompute, model_flops=model, dequant_bytes=dequant
+    )
+
+
+def _sum_layers(
+    spec: ModelSpec,
+    layers: range | tuple[int, ...],
+    recipe: Recipe,
+    b: float,
+    causal: bool,
+    split: _Split,
+    cache: dict[object, _LayerPasses] | None = None,
+) -> _LayerPasses:
+    """Sum of :func:`_layer_passes` over ``layers``: every dense layer costs the same, so does every MoE
+    layer; each kind is computed once and multiplied by its count (keeps an estimate well under 1 ms).
+    """
+    counts: dict[bool, tuple[int, int]] = {}
+    for i in layers:
+        kind = spec.is_moe_layer(i)
+        first, n = counts.get(kind, (i, 0))
+        counts[kind] = (first, n + 1)
+    cache = {} if cache is None else cache
+    key = tuple(sorted((kind, n) for kind, (_, n) in counts.items()))
+    if key in cache:
+        return cache[key]
+    forward = backward = recompute = PassCost()
+    model = dequant = 0.0
+    for kind, (first, n) in counts.items():
+        if kind not in cache:
+            cache[kind] = _layer_passes(spec, first, recipe, b, causal, split)
+        lp = cache[kind]
+        forward += lp.forward.scaled(n)
+        backward += lp.backward.scaled(n)
+        recompute += lp.recompute.scaled(n)
+        model += lp.model_flops * n
+        dequant += lp.dequant_bytes * n
+    total = _LayerPasses(
+        forward=forward, backward=backward, recompute=recompute, model_flops=model, dequant_bytes=dequant
+    )
+    cache[key] = total
+    return total
+
+
+def _head_passes(
+    spec: ModelSpec, recipe: Recipe, b: float, split: _Split
+) -> tuple[PassCost, PassCost, float]:
+    """LM head + cross-entropy (last stage): forward, backward, model FLOPs. Vocab-parallel over tp."""
+    s = float(recipe.seq_len)
+    e = BYTES_PER_ELEMENT[recipe.weight_dtype]
+    tpcp = split.sharded
+    logits = logits_forward_flops(spec, b, s) / tpcp
+    ce = logits_memory_bytes(spec, b, s, dtype_bytes=e) / tpcp
+    bwd_factor = 1.0 if recipe.is_peft else 2.0  # PEFT: the LM head is frozen
+    forward = PassCost(gemm_flops=logits, memory_bytes=ce)
+    backward = PassCost(gemm_flops=bwd_factor * logits, memory_bytes=ce)
+    return forward, backward, (1.0 + bwd_factor) * logits
+
+
+def _embedding_bytes(spec: ModelSpec, recipe: Recipe, b: float, split: _Split) -> float:
+    e = BYTES_PER_ELEMENT[recipe.weight_dtype]
+    return embedding_memory_bytes(spec, b, float(recipe.seq_len), dtype_bytes=e) / split.replicated_unless_sp
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepFlops:
+    """FLOPs and memory-bound bytes of one training step over ``sequences`` sequences (whole model).
+
+    Each pass is split into weight-GEMM FLOPs, attention-core FLOPs and memory-bound bytes.
+    ``model_flops`` is the MFU numerator (module docstring); ``hardware_flops`` adds recompute and
+    FlashAttention's backward score recompute (the HFU numerator). Work that tensor parallelism
+    replicates (norms, router without SP) is counted once here; see :func:`device_flops` for the
+    per-device view.
+    """
+
+    sequences: float
+    seq_len: int
+    causal: bool
+    forward: PassCost
+    backward: PassCost
+    recompute: PassCost
+    model_flops: float
+    dequant_bytes: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def tokens(self) -> float:
+        return self.sequences * self.seq_len
+
+    @property
+    def hardware_flops(self) -> float:
+        return self.forward.flops + self.backward.flops + self.recompute.flops
+
+    @property
+    def gemm_flops(self) -> float:
+        return self.forward.gemm_flops + self.backward.gemm_flops + self.recompute.gemm_flops
+
+    @property
+    def attention_flops(self) -> float:
+        return self.forward.attention_flops + self.backward.attention_flops + self.recompute.attention_flops
+
+    @property
+    def memory_bytes(self) -> float:
+        """Memory-bound bytes of the passes and of QLoRA dequantisation (optimizer step: separate)."""
+        passes = self.forward.memory_bytes + self.backward.memory_bytes + self.recompute.memory_bytes
+        return passes + self.dequant_bytes
+
+    def per_device(self, layout: Layout) -> StepFlops:
+        """The ideal, balanced share of one device: every term divided by the device count.
+
+        This is the MFU view (model FLOPs / devices). It ignores replication and pipeline-stage
+        imbalance; :func:`device_flops` gives the exact per-stage, per-device numbers.
+        """
+        n = float(layout.num_devices)
+        return StepFlops(
+            sequences=self.sequences / n,
+            seq_len=self.seq_len,
+            causal=self.causal,
+            forward=self.forward.scaled(1.0 / n),
+            backward=self.backward.scaled(1.0 / n),
+            recompute=self.recompute.scaled(1.0 / n),
+            model_flops=self.model_flops / n,
+            dequant_bytes=self.dequant_bytes / n,
+            notes=(*self.notes, f"balanced share of {layout.num_devices} devices"),
+        )
+
+
+def _step_notes(recipe: Recipe) -> tuple[str, ...]:
+    notes: list[str] = []
+    if recipe.method in ("dpo", "ppo", "grpo"):
+        notes.append(
+            f"{recipe.method}: FLOPs of training the policy on the given sequences only; reference, "
+            "reward/critic passes and generation are not included"
+        )
+    return tuple(notes)
+
+
+def step_sequences(recipe: Recipe, layout: Layout | None = None) -> int:
+    """Sequences per optimizer step: ``global_batch``, or dp × micro_batch when it is not set."""
+    if recipe.global_batch is not None:
+        return recipe.global_batch
+    dp = layout.dp if layout is not None else 1
+    return dp * recipe.micro_batch
+
+
+def step_flops(
+    spec: ModelSpec, recipe: Recipe, layout: Layout | None = None, *, causal: bool = True
+) -> StepFlops:
+    """FLOPs of one optimizer step of the whole model over ``step_sequences(recipe, layout)`` sequences.
+
+    Sums :func:`layer_forward_flops` over all layers plus the LM head, applies the backward factors
+    and the recompute rule of the module docstring, and adds the memory-bound bytes of norms,
+    activations, attention I/O, residuals, MoE permutation, embedding and cross-entropy. QLoRA
+    dequantisation bytes are per micro-batch pass, so they scale with the number of micro-batches
+    ``sequences / micro_batch`` (one copy of the weights; data-parallel replicas each pay it too).
+    """
+    sequences = step_sequences(recipe, layout)
+    b = float(sequences)
+    split = _Split()
+    lp = _sum_layers(spec, range(spec.num_layers), recipe, b, causal, split)
+    forward, backward, recompute = lp.forward, lp.backward, lp.recompute
+    model, dequant = lp.model_flops, lp.dequant_bytes
+    hf, hb, hm = _head_passes(spec, recipe, b, split)
+    emb = _embedding_bytes(spec, recipe, b, split)
+    forward += hf + PassCost(memory_bytes=emb)
+    backward += hb + PassCost(memory_bytes=emb)
+    model += hm
+    micro_batches = sequences / recipe.micro_batch
+    return StepFlops(
+        sequences=b,
+        seq_len=recipe.seq_len,
+        causal=causal,
+        forward=forward,
+        backward=backward,
+        recompute=recompute,
+        model_flops=model,
+        dequant_bytes=dequant * micro_batches,
+        notes=_step_notes(recipe),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Per device, per pipeline stage
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class StageFlops:
+    """Work of ONE device of pipeline stage ``stage`` for ONE micro-batch, and per step.
+
+    Split rules (Megatron-LM; Shoeybi et al. 2019 Sec. 3, Korthikanti et al. 2022 Sec. 4.2):
+    projections, MLP/experts, attention heads, activation functions, rotary and the LM head
+    (vocab-parallel) divide by ``tp``; everything divides by ``cp`` (each rank holds ``s/cp``
+    tokens; ring attention with a load-balanced causal split gives each rank ``1/cp`` of the score
+    work); norms, residual adds, router and MoE permutation divide by ``tp`` only with sequence
+    parallelism (otherwise every tp rank repeats them). Expert parallelism moves tokens, not work:
+    under balanced routing each device still computes ``K`` experts' worth per local token, so ep
+    does not change FLOPs (it changes GEMM shapes, see :func:`layer_gemms`, and traffic).
+    """
+
+    stage: int
+    layers: tuple[int, ...]
+    micro_batches: int
+    forward: PassCost
+    backward: PassCost
+    recompute: PassCost
+    dequant_bytes: float = 0.0  # per micro-batch
+
+    @property
+    def micro_batch_flops(self) -> float:
+        return self.forward.flops + self.backward.flops + self.recompute.flops
+
+    @property
+    def step_hardware_flops(self) -> float:
+        return self.micro_batch_flops * self.micro_batches
+
+    @property
+    def step_memory_bytes(self) -> float:
+        per_mb = (
+            self.forward.memory_bytes
+            + self.backward.memory_bytes
+            + self.recompute.memory_bytes
+            + self.dequant_bytes
+        )
+        return per_mb * self.micro_batches
+
+
+def stage_layers(num_layers: int, pp: int, virtual_stages: int = 1) -> tuple[tuple[int, ...], ...]:
+    """Layers of each pipeline stage: contiguous chunks, the first ``L mod (pp·v)`` chunks one longer.
+
+    With interleaving (``virtual_stages`` v > 1) stage ``r`` holds chunks ``r, r+pp, r+2pp, …``
+    (Narayanan et al. 2021, Sec. 2.2.2).
+    """
+    chunks = pp * virtual_stages
+    if chunks > num_layers:
+        raise LayoutError("pp", f"pp·virtual_stages = {chunks} chunks exceed {num_layers} layers")
+    base, extra = divmod(num_layers, chunks)
+    bounds = [0]
+    for c in range(chunks):
+        bounds.append(bounds[-1] + base + (1 if c < extra else 0))
+    stages: list[list[int]] = [[] for _ in range(pp)]
+    for c in range(chunks):
+        stages[c % pp].extend(range(bounds[c], bounds[c + 1]))
+    return tuple(tuple(st) for st in stages)
+
+
+def device_flops(
+    spec: ModelSpec, recipe: Recipe, layout: Layout, *, causal: bool = True
+) -> tuple[StageFlops, ...]:
+    """Per-device, per-micro-batch work of every pipeline stage (the busiest one bounds step time).
+
+    ``micro_batches`` = step sequences / (dp · micro_batch) (gradient accumulation steps; Narayanan
+    et al. 2021 Sec. 3). The embedding lives on the first stage, the LM head and loss on the last.
+    """
+    sequences = step_sequences(recipe, layout)
+    per_step = layout.dp * recipe.micro_batch
+    if sequences % per_step != 0:
+        raise LayoutError(
+            "global_batch",
+            f"global batch {sequences} is not a multiple of dp·micro_batch = {layout.dp}·{recipe.micro_batch}",
+        )
+    micro_batches = sequences // per_step
+    b = float(recipe.micro_batch)
+    split = _Split(tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
+    result: list[StageFlops] = []
+    cache: dict[object, _LayerPasses] = {}
+    stages = stage_layers(spec.num_layers, layout.pp, layout.virtual_stages)
+    for r, layers in enumerate(stages):
+        lp = _sum_layers(spec, layers, recipe, b, causal, split, cache)
+        forward, backward, recompute, dequant = lp.forward, lp.backward, lp.recompute, lp.dequant_bytes
+        if r == 0:
+            emb = PassCost(memory_bytes=_embedding_bytes(spec, recipe, b, split))
+            forward += emb
+            backward += emb
+        if r == layout.pp - 1:
+            hf, hb, _ = _head_passes(spec, recipe, b, split)
+            forward += hf
+            backward += hb
+        result.append(
+            StageFlops(
+                stage=r,
+                layers=layers,
+                micro_batches=micro_batches,
+                forward=forward,
+                backward=backward,
+                recompute=recompute,
+                dequant_bytes=dequant,
+            )
+        )
+    return tuple(result)
+
+
+# --------------------------------------------------------------------------------------------
+# Published closed forms (for checking)
+# --------------------------------------------------------------------------------------------
+def megatron2021_eq3_flops(batch: float, seq_len: float, layers: float, hidden: float, vocab: float) -> float:
+    """Narayanan et al. 2021, Eq. 3: ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` per iteration.
+
+    GPT layers (f = 4h, a·d = h, no GQA), full activation recompute (one extra forward of every
+    layer, not of the LM head), non-causal attention (s² per head), biases/norms/softmax omitted.
+    """
+    b, s, l_, h, v = batch, seq_len, layers, hidden, vocab
+    return 96.0 * b * s * l_ * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l_ * h))
+
+
+def korthikanti2022_eq7_model_flops(
+    batch: float, seq_len: float, layers: float, hidden: float, vocab: float
+) -> float:
+    """Korthikanti et al. 2022, Eq. 7 (App. A): ``72·B·L·s·h²·(1 + s/(6h) + v/(12·h·L))``.
+
+    Model FLOPs (no recompute) of GPT layers; non-causal attention.
+    """
+    b, s, l_, h, v = batch, seq_len, layers, hidden, vocab
+    return 72.0 * b * l_ * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l_))
+
+
+def korthikanti2022_eq8_hardware_flops(
+    batch: float, seq_len: float, layers: float, hidden: float, vocab: float
+) -> float:
+    """Korthikanti et al. 2022, Eq. 8: ``72·B·L·s·h²·(1 + s/(3h) + v/(12·h·L))`` with selective recompute.
+
+    Eq. 8 doubles the whole s² term of Eq. 7, i.e. it charges the recompute ``12·B·L·s²·h`` — the
+    forward + backward attention core — while re-running the attention-core forward costs
+    ``4·B·L·s²·h`` (QKᵀ + PV, non-causal). :func:`step_flops` counts the latter; the paper's HFU
+    column (Table 5) and its "2.7 % FLOPs" for GPT-3 (Sec. 5) use Eq. 8 / Eq. 9.
+    """
+    b, s, l_, h, v = batch, seq_len, layers, hidden, vocab
+    return 72.0 * b * l_ * s * h * h * (1.0 + s / (3.0 * h) + v / (12.0 * h * l_))
+
+
+def palm_flops_per_token(
+    n_params: float, layers: float, heads: float, head_dim: float, seq_len: float
+) -> float:
+    """Chowdhery et al. 2022 (PaLM), Sec. 4.1 / App. B: ``6·N + 12·L·H·Q·T`` training FLOPs per token.
+
+    ``12·L·H·Q·T`` is 3 × (QKᵀ + PV = 2·2·H·Q·T per token per layer): non-causal.
+    """
+    return 6.0 * n_params + 12.0 * layers * heads * head_dim * seq_len
+
+
+def six_n_flops(n_params: float, tokens: float) -> float:
+    """Kaplan et al. 2020 Sec. 2.1 / Hoffmann et al. 2022: ``C ≈ 6·N·D`` training FLOPs, no attention."""
+    return 6.0 * n_params * tokens
+
+
+def attention_fraction(spec: ModelSpec, seq_len: int, *, causal: bool = True) -> float:
+    """Share of forward FLOPs in the attention core at ``seq_len`` (a quick sanity number)."""
+    total = 0.0
+    attn = 0.0
+    for i in range(spec.num_layers):
+        fl = layer_forward_flops(spec, i, 1.0, float(seq_len), causal)
+        total += fl.total
+        attn += fl.attention
+    total += logits_forward_flops(spec, 1.0, float(seq_len))
+    return attn / total if total else math.nan

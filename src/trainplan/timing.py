@@ -1,0 +1,436 @@
+"""Step time as a visible sum of named terms.
+
+For the busiest pipeline stage, one device, one optimizer step with m micro-batches::
+
+    step_s = compute_s                      m · (forward + backward + recompute) of the stage
+           + exposed_tp_s + exposed_ep_s    tensor / expert parallel collectives (critical path)
+           + exposed_cp_s                   context-parallel K/V exchange not hidden by attention
+           + pp_p2p_s                       pipeline activation sends
+           + exposed_dp_s                   data-parallel / ZeRO traffic not hidden by compute
+           + bubble_s                       pipeline fill and drain (schedule-dependent)
+           + optimizer_s                    the optimizer update (memory-bound), on the device
+           + offload_s                      host-link transfers and the CPU step under offload
+
+Compute is a roofline per op class (Williams et al. 2009, "Roofline"), with efficiencies measured
+by microbenchmarks, never fitted to end-to-end runs (``efficiency.py``, docs/efficiency.md):
+
+    GEMM       flops / (peak[dtype] · η_gemm(m, n, k))     η_gemm: best large-GEMM fraction × tile
+                                                           and wave quantization of each shape
+    attention  flops / (peak[dtype] · η_attn)              η_attn: FlashAttention kernel fraction
+    memory     bytes / (HBM bandwidth · η_bw)              norms, activations, softmax, rotary,
+                                                           residuals, MoE permutation, loss
+
+FLOPs and bytes come from ``flops.py`` (per device, per stage, per micro-batch), collectives from
+``comm.py`` (alpha-beta on the two-level network). Pipeline bubbles (Narayanan et al. 2021
+Sec. 2.2; Qi et al. 2023 for zero bubble)::
+
+    1f1b         (p − 1) · t_mb
+    interleaved  (p − 1) · t_mb / v
+    zb (ZB-H1)   (p − 1) · t_mb / 3        (T_F + T_B − T_W with T_F ≈ T_B ≈ T_W; Qi et al. Sec. 3)
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Final
+
+from trainplan.comm import Collective, group_placement, network_from_system, step_collectives
+from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency
+from trainplan.flops import (
+    PassCost,
+    StageFlops,
+    device_flops,
+    layer_gemms,
+    optimizer_update_bytes,
+    step_flops,
+)
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models.params import count_params
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import Recipe
+
+FLASH_ATTENTION_EFFICIENCY: Final[dict[str, float]] = {
+    "ampere": 0.60,
+    "hopper": 0.35,
+}
+"""Fraction of the dense peak reached by the fused (FlashAttention-2 class) attention kernel.
+
+Ampere: FlashAttention-2 (Dao 2023, abstract and Sec. 4.1) reaches 50–73% of the A100 peak in the
+forward pass and less in the backward; 0.60 is the middle of that range. Hopper: the same kernel
+"achieves only 35% utilization on the H100" (Shah et al. 2024, FlashAttention-3, abstract) —
+FlashAttention-3 reaches up to 75%, but PyTorch SDPA and most training stacks measured here ran
+FlashAttention-2 class kernels. Other generations: no published figure; the Hopper value is used
+and flagged as an assumption in the estimate's notes."""
+
+GENERATION: Final[dict[str, str]] = {
+    "a100-40gb": "ampere",
+    "a100-80gb": "ampere",
+    "rtx-4090": "ada",
+    "l40s": "ada",
+    "h100-sxm": "hopper",
+    "h100-pcie": "hopper",
+    "h200": "hopper",
+    "b200": "blackwell",
+    "b300": "blackwell",
+    "gb200": "blackwell",
+    "gb300": "blackwell",
+}
+"""NVIDIA GPU generations (the unit of the calibrated κ and of the attention-kernel efficiency)."""
+
+ATTENTION_BY_GENERATION: Final[dict[str, str]] = {"ampere": "ampere", "ada": "ampere", "hopper": "hopper"}
+
+
+def flash_attention_efficiency(accelerator_name: str) -> tuple[float, bool]:
+    """(η_attn, assumed): the kernel's fraction of peak for this device's generation.
+
+    Ada (RTX 4090, L40S) runs the same FlashAttention-2 sm80 code path as Ampere."""
+    gen = ATTENTION_BY_GENERATION.get(GENERATION.get(accelerator_name, ""))
+    if gen is None:
+        return FLASH_ATTENTION_EFFICIENCY["hopper"], True
+    return FLASH_ATTENTION_EFFICIENCY[gen], False
+
+
+@functools.cache
+def _calibration() -> dict[str, float]:
+    text = (
+        resources.files("trainplan.hardware").joinpath("data", "calibration.toml").read_text(encoding="utf-8")
+    )
+    doc = tomllib.loads(text)
+    return {str(g["name"]): float(g["kappa"]) for g in doc.get("generation", [])}
+
+
+def calibrated_kappa(accelerator_name: str) -> float | None:
+    """κ of the device's generation (``validate/calibrate.py``), or None when uncalibrated."""
+    return _calibration().get(GENERATION.get(accelerator_name, ""))
+
+
+EAGER_ATTENTION_EFFICIENCY_FACTOR: Final = 0.5
+"""Batched QKᵀ / PV GEMMs of eager attention have k = d = 64..128: short reductions that
+run at about half the large-GEMM rate. Assumption (k-dependence is not published per device)."""
+
+HOST_MEMORY_BYTES_PER_S: Final = 100e9
+"""Achievable CPU memory bandwidth available to one device's CPU optimizer step (a dual-socket
+server streams ~200–400 GB/s, shared by its 8 devices). Assumption, stated; ZeRO-Offload (Ren et
+al. 2021, Sec. 5) shows the CPU Adam step is memory-bandwidth bound."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeBreakdown:
+    """Seconds per optimizer step for the busiest device; ``step_s`` is the sum of the terms."""
+
+    compute_s: float
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    exposed_tp_s: float
+    exposed_ep_s: float
+    exposed_cp_s: float
+    pp_p2p_s: float
+    exposed_dp_s: float
+    bubble_s: float
+    optimizer_s: float
+    offload_s: float
+    micro_batches: int
+    stage: int
+    gemm_efficiency: float  # FLOP-weighted η_gemm of the stage's GEMMs
+    kappa: float  # training-stack factor applied to compute (1 = uncalibrated)
+    collectives: tuple[Collective, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def terms(self) -> list[tuple[str, float]]:
+        return [
+            ("compute (forward)", self.forward_s),
+            ("compute (backward)", self.backward_s),
+            ("compute (recompute)", self.recompute_s),
+            ("tensor-parallel comm (exposed)", self.exposed_tp_s),
+            ("expert-parallel all-to-all (exposed)", self.exposed_ep_s),
+            ("context-parallel comm (exposed)", self.exposed_cp_s),
+            ("pipeline send/recv", self.pp_p2p_s),
+            ("data-parallel / ZeRO comm (exposed)", self.exposed_dp_s),
+            ("pipeline bubble", self.bubble_s),
+            ("optimizer step", self.optimizer_s),
+            ("offload transfers + CPU step", self.offload_s),
+        ]
+
+    @property
+    def step_s(self) -> float:
+        return sum(v for _, v in self.terms())
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "step_s": self.step_s,
+            "compute_s": self.compute_s,
+            "forward_s": self.forward_s,
+            "backward_s": self.backward_s,
+            "recompute_s": self.recompute_s,
+            "exposed_tp_s": self.exposed_tp_s,
+            "exposed_ep_s": self.exposed_ep_s,
+            "exposed_cp_s": self.exposed_cp_s,
+            "pp_p2p_s": self.pp_p2p_s,
+            "exposed_dp_s": self.exposed_dp_s,
+            "bubble_s": self.bubble_s,
+            "optimizer_s": self.optimizer_s,
+            "offload_s": self.offload_s,
+            "micro_batches": self.micro_batches,
+            "stage": self.stage,
+            "gemm_efficiency": self.gemm_efficiency,
+            "kappa": self.kappa,
+            "notes": list(self.notes),
+        }
+
+
+def _stage_gemm_efficiency(
+    model: ModelSpec, layers: tuple[int, ...], tokens: int, layout: Layout, eff: DeviceEfficiency, dtype: str
+) -> float:
+    """FLOP-weighted harmonic mean of η_gemm over the stage's forward GEMM shapes.
+
+    Time = Σ flops_i / (peak·η_i) = (Σ flops_i) / (peak·η) with η = Σ flops_i / Σ (flops_i/η_i).
+    Backward GEMMs (dX, dW) have the same FLOPs with permuted shapes; they are charged the
+    forward shape's efficiency (the measured maximum is shape-agnostic beyond quantization).
+    """
+    flops = slow = 0.0
+    seen: set[bool] = set()
+    for i in layers:
+        kind = model.is_moe_layer(i)
+        if kind in seen:
+            continue
+        seen.add(kind)
+        for g in layer_gemms(model, i, tokens, tp=layout.tp, ep=layout.ep):
+            m, n, k = max(1, round(g.m)), max(1, round(g.n)), max(1, round(g.k))
+            e = gemm_efficiency(eff, m, n, k, dtype)
+            flops += g.flops
+            slow += g.flops / e
+    return flops / slow if slow else eff.gemm_max(dtype)
+
+
+def _pass_time_s(cost: PassCost, peak: float, eta_gemm: float, eta_attn: float, bw: float) -> float:
+    return (
+        cost.gemm_flops / (peak * eta_gemm)
+        + cost.attention_flops / (peak * eta_attn)
+        + cost.memory_bytes / bw
+    )
+
+
+def gemm_peak_flops_per_s(system: System, recipe: Recipe) -> float:
+    """Dense peak of the recipe's GEMM dtype (fp32 recipes use TF32 where the device has it)."""
+    acc = system.accelerator
+    dtype = recipe.gemm_dtype
+    if dtype == "tf32" and not acc.supports("tf32"):
+        dtype = "fp32"
+    return acc.peak_flops_per_s(dtype)
+
+
+def step_time(
+    system: System, model: ModelSpec, recipe: Recipe, layout: Layout, *, kappa: float | None = None
+) -> TimeBreakdown:
+    """Seconds per optimizer step (see the module docstring for the terms).
+
+    ``kappa``: the training-stack factor (achieved / microbenchmark compute efficiency); None takes
+    the calibrated value of the device's generation, or 1 (uncalibrated, noted) when there is none.
+    """
+    acc = system.accelerator
+    notes: list[str] = []
+    if kappa is None:
+        cal = calibrated_kappa(acc.name)
+        if cal is None:
+            kappa = 1.0
+            notes.append(
+                f"{acc.name}: no calibrated training-stack factor; microbenchmark efficiencies only (optimistic)"
+            )
+        else:
+            kappa = cal
+    eff = get_efficiency(acc.name)
+    dtype = recipe.gemm_dtype if recipe.gemm_dtype != "tf32" or acc.supports("tf32") else "fp32"
+    peak = acc.peak_flops_per_s(dtype)
+    bw = acc.memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency
+    if recipe.attention == "flash":
+        eta_attn, assumed = flash_attention_efficiency(acc.name)
+        if assumed:
+            notes.append(
+                f"no published attention-kernel efficiency for {acc.name}: the Hopper figure is used"
+            )
+    else:
+        eta_attn = eff.gemm_max(dtype) * EAGER_ATTENTION_EFFICIENCY_FACTOR
+    eta_attn = min(eta_attn, eff.gemm_max(dtype))
+
+    stages: tuple[StageFlops, ...] = device_flops(model, recipe, layout)
+    m = stages[0].micro_batches
+    tokens = recipe.micro_batch * (recipe.seq_len // layout.cp)
+
+    def stage_time(st: StageFlops) -> tuple[float, float, float, float]:
+        eta = _stage_gemm_efficiency(model, st.layers, tokens, layout, eff, dtype)
+        f = _pass_time_s(st.forward, peak, eta, eta_attn, bw) / kappa
+        b = (_pass_time_s(st.backward, peak, eta, eta_attn, bw) + st.dequant_bytes / bw) / kappa
+        r = _pass_time_s(st.recompute, peak, eta, eta_attn, bw) / kappa
+        return f, b, r, eta
+
+    timed = [(stage_time(st), st) for st in stages]
+    (t_f, t_b, t_r, eta), busiest = max(timed, key=lambda x: x[0][0] + x[0][1] + x[0][2])
+    t_mb = t_f + t_b + t_r
+
+    # Collectives of the busiest stage.
+    network = network_from_system(system)
+    placements = group_placement(layout, system)
+    counts = count_params(model)
+    expert = counts.moe_experts
+    dense = counts.total - expert
+    trainable_dense: float | None = None
+    trainable_expert: float | None = None
+    if recipe.is_peft:
+        from trainplan.sharding import device_params
+
+        adapters = sum(
+            device_params(model, Layout(pp=layout.pp), st, recipe.lora).lora_adapters
+            for st in range(layout.pp)
+        )
+        trainable_dense, trainable_expert = float(adapters), 0.0
+    colls = step_collectives(
+        model,
+        recipe,
+        layout,
+        network,
+        placements,
+        dense_params=float(dense),
+        expert_params=float(expert),
+        trainable_dense_params=trainable_dense,
+        trainable_expert_params=trainable_expert,
+        micro_batches=m,
+    )
+    tp_s = sum(c.time_s for c in colls if c.group == "tp")
+    ep_s = sum(c.time_s for c in colls if c.group == "ep")
+    pp_s = sum(c.time_s for c in colls if c.group == "pp")
+    cp_fwd = sum(c.time_s for c in colls if c.group == "cp" and c.overlappable_with == "forward")
+    cp_bwd = sum(c.time_s for c in colls if c.group == "cp" and c.overlappable_with == "backward")
+    attn_f = busiest.forward.attention_flops / (peak * eta_attn) * m
+    attn_b = busiest.backward.attention_flops / (peak * eta_attn) * m
+    exposed_cp = max(0.0, cp_fwd - attn_f) + max(0.0, cp_bwd - attn_b)
+
+    # Data-parallel / ZeRO traffic: per-micro-batch collectives hide behind that pass of every
+    # micro-batch; once-per-step gradient reductions hide only behind the last backward (bucketed
+    # overlap, Li et al. 2020 "PyTorch Distributed", Sec. 3.2.3); "none" is exposed.
+    dp_groups = ("dp", "shard", "expert_dp")
+    exposed_dp = 0.0
+    # Without overlap the reduction starts after the last backward: nothing hides it.
+    t_b_window = t_b if layout.overlap_grad_reduce else 0.0
+    for phase, window_per_mb in (("forward", t_f + t_r), ("backward", t_b_window)):
+        per_mb = sum(
+            c.time_s
+            for c in colls
+            if c.group in dp_groups and c.overlappable_with == phase and c.calls >= m > 1
+        )
+        per_step = sum(
+            c.time_s
+            for c in colls
+            if c.group in dp_groups and c.overlappable_with == phase and not c.calls >= m > 1
+        )
+        exposed_dp += max(0.0, per_mb - m * window_per_mb) + max(0.0, per_step - window_per_mb)
+    exposed_dp += sum(c.time_s for c in colls if c.group in dp_groups and c.overlappable_with == "none")
+
+    # Pipeline bubble.
+    p = layout.pp
+    if p == 1:
+        bubble = 0.0
+    elif layout.pp_schedule == "interleaved":
+        bubble = (p - 1) * t_mb / layout.virtual_stages
+    elif layout.pp_schedule == "zb":
+        bubble = (p - 1) * t_mb / 3.0
+    else:
+        bubble = (p - 1) * t_mb
+
+    # Optimizer step on the device (memory-bound), or offloaded to the CPU.
+    from trainplan.memory import memory_breakdown
+
+    mem = memory_breakdown(model, recipe, layout, num_microbatches=m)
+    trained_shard = mem.trainable_params_on_device / (layout.shard_group if layout.zero >= 1 else 1)
+    update_bytes = optimizer_update_bytes(trained_shard, recipe)
+    optimizer_s = 0.0
+    offload_s = 0.0
+    if recipe.offload == "none":
+        optimizer_s = update_bytes / bw
+    else:
+        host = acc.host_link
+        host_bw = host.bandwidth_bytes_per_s if host is not None else 0.0
+        if host_bw <= 0:
+            notes.append("no host link in the catalog: offload transfer time not modelled")
+        grads_out = mem.trainable_params_on_device * 2.0 / max(1, layout.shard_group)
+        params_in = grads_out
+        transfer = (grads_out + params_in) / host_bw if host_bw > 0 else 0.0
+        cpu_step = update_bytes / HOST_MEMORY_BYTES_PER_S
+        offload_s = transfer + cpu_step
+        if recipe.offload == "optimizer+params" and host_bw > 0:
+            # ZeRO-Infinity streams every layer's weights in for forward, recompute and backward.
+            weights = mem.params_on_device * 2.0 / max(1, layout.shard_group)
+            passes = 3 if recipe.recompute == "full" else 2
+            offload_s += max(0.0, m * passes * weights / host_bw - m * (t_f + t_b))
+
+    return TimeBreakdown(
+        compute_s=m * t_mb,
+        forward_s=m * t_f,
+        backward_s=m * t_b,
+        recompute_s=m * t_r,
+        exposed_tp_s=tp_s,
+        exposed_ep_s=ep_s,
+        exposed_cp_s=exposed_cp,
+        pp_p2p_s=pp_s,
+        exposed_dp_s=exposed_dp,
+        bubble_s=bubble,
+        optimizer_s=optimizer_s,
+        offload_s=offload_s,
+        micro_batches=m,
+        stage=busiest.stage,
+        gemm_efficiency=eta,
+        kappa=kappa,
+        collectives=colls,
+        notes=tuple(notes),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    tokens_per_s: float
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    mfu: float
+    hfu: float
+    peak_flops_per_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_device": None,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "model_flops_per_step": self.model_flops_per_step,
+            "hardware_flops_per_step": self.hardware_flops_per_step,
+            "peak_flops_per_s": self.peak_flops_per_s,
+            "mfu_definition": (
+                "model FLOPs (6·N per token + causal attention, no recompute) / "
+                "(devices × dense peak of the GEMM dtype × step time)"
+            ),
+        }
+
+
+def throughput(
+    system: System, model: ModelSpec, recipe: Recipe, layout: Layout, time: TimeBreakdown
+) -> Throughput:
+    """Tokens/s, MFU and HFU of a step (DESIGN convention; Chowdhery et al. 2022 App. B for MFU)."""
+    sf = step_flops(model, recipe, layout)
+    peak = gemm_peak_flops_per_s(system, recipe)
+    step_s = time.step_s
+    tokens = sf.tokens
+    denom = system.num_devices * peak * step_s
+    return Throughput(
+        tokens_per_s=tokens / step_s,
+        model_flops_per_step=sf.model_flops,
+        hardware_flops_per_step=sf.hardware_flops,
+        mfu=sf.model_flops / denom,
+        hfu=sf.hardware_flops / denom,
+        peak_flops_per_s=peak,
+    )
+
+
+__all__ = ["Throughput", "TimeBreakdown", "gemm_peak_flops_per_s", "step_time", "throughput"]

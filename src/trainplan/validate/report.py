@@ -1,0 +1,181 @@
+"""Every dataset, predicted vs published, with per-row errors and per-dataset MAPE.
+
+``trainplan validate`` prints this report and exits 1 when a dataset's MAPE (over its validation
+rows) exceeds its stated bound; ``--markdown FILE`` writes the generated docs/validation.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from trainplan.errors import TrainplanError
+from trainplan.layout import Layout
+from trainplan.memory import memory_breakdown
+from trainplan.models import load_model
+from trainplan.recipe import Recipe
+from trainplan.sharding import DeviceParams
+from trainplan.validate.datasets import REGISTRY, MemoryRow, memory_rows
+from trainplan.validate.timing import TIMING_DATASETS, DatasetResult, RowResult, validate_dataset
+
+
+def zero_model_states_bytes(row: MemoryRow) -> float:
+    """Model states of Ψ parameters under the row's ZeRO stage and dp (ZeRO Table 1 setting)."""
+    from trainplan.memory import _model_states
+
+    if row.params is None or row.dp is None or row.zero is None:
+        raise TrainplanError("params", f"row {row.name} lacks params, dp or zero")
+    psi = int(row.params)
+    dev = DeviceParams(
+        stage=0,
+        layers=(),
+        dense_linear=psi,
+        dense_other=0,
+        expert_linear=0,
+        lora_adapters=0,
+        largest_layer_unsharded=0,
+        linears=(),
+    )
+    recipe = Recipe(method="pretrain", precision="fp16")
+    st = _model_states(load_model("gpt2"), recipe, Layout(dp=row.dp, zero=row.zero), dev)
+    return st.weights + st.gradients + st.optimizer
+
+
+def memory_row_result(row: MemoryRow) -> RowResult:
+    base = {"name": row.name, "dataset": row.dataset, "split": row.split, "metric": row.quantity}
+    try:
+        if row.quantity == "model_states":
+            predicted = zero_model_states_bytes(row)
+        else:
+            if row.preset is None or row.seq_len is None or row.micro_batch is None:
+                raise TrainplanError("model", "row lacks a preset, sequence length or micro-batch")
+            model = load_model(row.preset)
+            recompute = row.recompute if row.recompute in ("none", "selective", "full") else "none"
+            recipe = Recipe(
+                method=row.method if row.method in ("full", "lora", "qlora") else "pretrain",  # type: ignore[arg-type]
+                precision="bf16",
+                seq_len=row.seq_len,
+                micro_batch=row.micro_batch,
+                recompute=recompute,  # type: ignore[arg-type]
+            )
+            tp = row.tp or 1
+            # torchtitan (the only per-layout memory source here) always pairs TP with sequence
+            # parallelism on norms and the loss (torchtitan/parallelisms/parallelize_llama.py).
+            layout = Layout(
+                dp=row.dp or 1,
+                tp=tp,
+                pp=row.pp or 1,
+                cp=row.cp or 1,
+                zero=row.zero or 0,
+                sequence_parallel=tp > 1,
+            )
+            mem = memory_breakdown(model, recipe, layout)
+            predicted = mem.per_device_bytes if row.quantity == "peak_reserved" else mem.peak_bytes
+    except TrainplanError as err:
+        return RowResult(
+            **base, published=row.measured_bytes, predicted=None, error=None, assumptions=(), skipped=str(err)
+        )
+    return RowResult(
+        **base,
+        published=row.measured_bytes,
+        predicted=predicted,
+        error=predicted / row.measured_bytes - 1.0,
+        assumptions=(),
+    )
+
+
+MEMORY_DATASETS = ("zero2020_table1", "torchtitan_memory")
+
+
+def validate_memory_dataset(name: str) -> DatasetResult:
+    rows = [r for r in memory_rows(name) if r.is_target and r.bound == "eq"]
+    return DatasetResult(
+        name=name, bound=REGISTRY[name].mape_bound, rows=tuple(memory_row_result(r) for r in rows)
+    )
+
+
+def run_all(names: list[str] | None = None) -> list[DatasetResult]:
+    out = []
+    for name in (*TIMING_DATASETS, *MEMORY_DATASETS):
+        if names and name not in names:
+            continue
+        res = validate_memory_dataset(name) if name in MEMORY_DATASETS else validate_dataset(name)
+        if res.rows:
+            out.append(res)
+    return out
+
+
+def _target(name: str) -> str:
+    t = REGISTRY[name].target
+    return "—" if t is None else f"{100 * t:.0f}%"
+
+
+def _target_note(res: DatasetResult) -> str:
+    t = REGISTRY[res.name].target
+    if t is None or res.mape is None:
+        return ""
+    return " (target met)" if res.mape <= t else " (target not met)"
+
+
+def render_text(results: list[DatasetResult], *, rows: bool = False) -> str:
+    lines = [
+        f"{'dataset':28s} {'rows':>5s} {'scored':>6s} {'MAPE':>7s} {'bias':>7s} {'bound':>6s} {'target':>6s}  verdict"
+    ]
+    for res in results:
+        errs = [r.error for r in res.scored if r.error is not None]
+        bias = statistics.fmean(errs) if errs else None
+        mape = res.mape
+        lines.append(
+            f"{res.name:28s} {len(res.rows):5d} {len(res.scored):6d} "
+            f"{'—' if mape is None else f'{100 * mape:6.1f}%':>7s} "
+            f"{'—' if bias is None else f'{100 * bias:+6.1f}%':>7s} {100 * res.bound:5.0f}% "
+            f"{_target(res.name):>6s}  {'pass' if res.passed else 'FAIL'}{_target_note(res)}"
+        )
+        if rows:
+            for r in res.rows:
+                err = "skipped: " + r.skipped if r.error is None else f"{100 * r.error:+6.1f}%"
+                lines.append(f"    {r.name[:60]:60s} [{r.split}] {err}")
+    return "\n".join(lines)
+
+
+def render_markdown(results: list[DatasetResult]) -> str:
+    out = [
+        "# Validation report",
+        "",
+        "Generated by `trainplan validate --markdown docs/validation.md`; do not edit by hand.",
+        "Error = predicted / published − 1. MAPE and bias are over the **validation** rows only;",
+        "calibration rows (see docs/timing.md) are listed but never scored.",
+        "",
+        "| dataset | rows | scored | MAPE | bias | enforced bound | target | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        errs = [r.error for r in res.scored if r.error is not None]
+        bias = statistics.fmean(errs) if errs else None
+        mape = res.mape
+        out.append(
+            f"| {res.name} | {len(res.rows)} | {len(res.scored)} | "
+            f"{'—' if mape is None else f'{100 * mape:.1f}%'} | {'—' if bias is None else f'{100 * bias:+.1f}%'} | "
+            f"{100 * res.bound:.0f}% | {_target(res.name)} | {'pass' if res.passed else 'FAIL'}{_target_note(res)} |"
+        )
+    for res in results:
+        out += [
+            "",
+            f"## {res.name}",
+            "",
+            "| row | split | published | predicted | error | assumptions |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in res.rows:
+            if r.error is None:
+                out.append(f"| {r.name} | {r.split} | {r.published:.4g} | — | skipped: {r.skipped} | |")
+            else:
+                pred = 0.0 if r.predicted is None else r.predicted
+                out.append(
+                    f"| {r.name} | {r.split} | {r.published:.4g} | {pred:.4g} | {100 * r.error:+.1f}% | "
+                    f"{'; '.join(r.assumptions)} |"
+                )
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["render_markdown", "render_text", "replace", "run_all"]

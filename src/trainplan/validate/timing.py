@@ -1,0 +1,221 @@
+"""Predicted vs published step time / throughput, per row and per dataset (``trainplan validate``).
+
+Each published row becomes an ``estimate`` input: its model (preset or explicit dimensions), its
+accelerator, its recipe and its layout. Configuration a source does not publish is filled by a
+named assumption listed in the row's ``assumptions`` (never silently): micro-batch 1 when the
+table gives none, ZeRO-1 (distributed optimizer) when a Megatron/NeMo row gives none, the
+pipeline schedule 1F1B, recompute "none" when unstated.
+
+Error = predicted / published − 1 of the dataset's metric; a dataset fails when its MAPE exceeds
+its stated bound (``datasets.REGISTRY``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from trainplan.errors import TrainplanError
+from trainplan.hardware import get_accelerator
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models import load_model
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import Attention, Recipe
+from trainplan.timing import step_time, throughput
+from trainplan.validate.datasets import REGISTRY, TimingRow, timing_rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowResult:
+    name: str
+    dataset: str
+    split: str
+    metric: str
+    published: float
+    predicted: float | None
+    error: float | None  # predicted / published − 1
+    assumptions: tuple[str, ...]
+    skipped: str = ""  # why the row could not be predicted
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "dataset": self.dataset,
+            "split": self.split,
+            "metric": self.metric,
+            "published": self.published,
+            "predicted": self.predicted,
+            "error": self.error,
+            "assumptions": list(self.assumptions),
+            "skipped": self.skipped,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetResult:
+    name: str
+    bound: float
+    rows: tuple[RowResult, ...]
+
+    @property
+    def scored(self) -> list[RowResult]:
+        return [r for r in self.rows if r.error is not None and r.split == "validate"]
+
+    @property
+    def mape(self) -> float | None:
+        errs = [abs(r.error) for r in self.scored if r.error is not None]
+        return statistics.fmean(errs) if errs else None
+
+    @property
+    def passed(self) -> bool:
+        return self.mape is None or self.mape <= self.bound
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "dataset": self.name,
+            "bound": self.bound,
+            "mape": self.mape,
+            "passed": self.passed,
+            "rows_scored": len(self.scored),
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+
+def _model(row: TimingRow) -> ModelSpec:
+    if row.preset is not None:
+        return load_model(row.preset)
+    d = row.dims
+    if d is None:
+        raise TrainplanError("model", f"row {row.name} names neither a preset nor dimensions")
+    gpt = d.arch in ("gpt", "mpt")
+    return ModelSpec(
+        name=row.model,
+        family="megatron" if gpt else "llama",
+        num_layers=d.layers,
+        hidden_size=d.hidden,
+        num_heads=d.heads,
+        num_kv_heads=d.kv_heads,
+        head_dim=d.head_dim,
+        ffn_hidden=d.ffn,
+        vocab_size=d.vocab,
+        activation="gelu" if gpt else "swiglu",
+        norm="layernorm" if gpt else "rmsnorm",
+        position="learned" if d.arch == "gpt" else ("alibi" if d.arch == "mpt" else "rope"),
+        tied_embeddings=gpt,
+        max_seq_len=row.seq_len or 2048,
+        qkv_bias=d.arch == "gpt",
+        attn_out_bias=d.arch == "gpt",
+        mlp_bias=d.arch == "gpt",
+    )
+
+
+def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple[str, ...]]:
+    """The estimate inputs of a published row and the assumptions that fill its gaps."""
+    assumptions: list[str] = []
+    micro = row.micro_batch
+    if micro is None:
+        micro = 1
+        assumptions.append("micro_batch=1 (not published)")
+    zero = row.zero
+    if zero is None:
+        zero = 1
+        assumptions.append("zero=1 (distributed optimizer; not published)")
+    schedule = row.pp_schedule or "1f1b"
+    if row.pp > 1 and row.pp_schedule is None:
+        assumptions.append("pp_schedule=1f1b (not published)")
+    if schedule not in ("1f1b", "interleaved", "zb"):
+        schedule = "1f1b"
+    v = row.virtual_stages or 1
+    if schedule != "interleaved":
+        v = 1
+    elif row.virtual_stages is None:
+        v = 2
+        assumptions.append("virtual_stages=2 (interleaved, count not published)")
+    recompute = row.recompute if row.recompute in ("none", "selective", "full") else "none"
+    if row.recompute == "unstated":
+        assumptions.append("recompute=none (not published)")
+    precision = row.precision if row.precision in ("fp32", "bf16", "fp16", "fp8", "fp4") else "bf16"
+    seq = row.seq_len or 2048
+    sp = bool(row.sequence_parallel) and row.tp > 1
+    model = _model(row)
+    attention: Attention = "eager" if row.dataset.startswith(("megatron2021", "korthikanti")) else "flash"
+    overlap_grad_reduce = True
+    if row.dataset == "megatron2021_table1":
+        overlap_grad_reduce = False
+        assumptions.append("gradient all-reduce after the backward (Megatron-LM 2021 LocalDDP)")
+    recipe = Recipe(
+        method="pretrain" if row.method not in ("full", "lora", "qlora") else row.method,  # type: ignore[arg-type]
+        precision=precision,  # type: ignore[arg-type]
+        seq_len=seq,
+        micro_batch=micro,
+        global_batch=row.global_batch,
+        recompute=recompute,  # type: ignore[arg-type]
+        attention=attention,
+        dropout=0.1 if attention == "eager" else 0.0,
+    )
+    layout = Layout(
+        dp=row.dp,
+        tp=row.tp,
+        pp=row.pp,
+        cp=row.cp,
+        ep=row.ep,
+        zero=zero,
+        sequence_parallel=sp,
+        pp_schedule=schedule,  # type: ignore[arg-type]
+        virtual_stages=v,
+        overlap_grad_reduce=overlap_grad_reduce,
+    )
+    system = System(accelerator=get_accelerator(row.hardware), num_devices=row.num_devices)
+    return system, model, recipe, layout, tuple(assumptions)
+
+
+def predict_row(row: TimingRow, *, kappa: float | None = None) -> RowResult:
+    metric = REGISTRY[row.dataset].metric
+    published: float | None
+    if metric in ("step_s", "layer_s"):
+        published = row.step_s
+    elif metric == "tokens_per_s":
+        published = row.tokens_per_s
+    else:
+        published = row.measured_mfu
+    base = {"name": row.name, "dataset": row.dataset, "split": row.split, "metric": metric}
+    if published is None:
+        return RowResult(
+            **base,
+            published=float("nan"),
+            predicted=None,
+            error=None,
+            assumptions=(),
+            skipped="no published value for the metric",
+        )
+    try:
+        system, model, recipe, layout, assumptions = row_inputs(row)
+        t = step_time(system, model, recipe, layout, kappa=kappa)
+        if metric == "step_s":
+            predicted = t.step_s
+        elif metric == "layer_s":
+            predicted = (t.forward_s + t.backward_s + t.recompute_s + t.exposed_tp_s) / model.num_layers
+        elif metric == "tokens_per_s":
+            predicted = throughput(system, model, recipe, layout, t).tokens_per_s
+        else:
+            predicted = throughput(system, model, recipe, layout, t).mfu
+    except TrainplanError as err:
+        return RowResult(
+            **base, published=published, predicted=None, error=None, assumptions=(), skipped=str(err)
+        )
+    return RowResult(
+        **base,
+        published=published,
+        predicted=predicted,
+        error=predicted / published - 1.0,
+        assumptions=assumptions,
+    )
+
+
+def validate_dataset(name: str) -> DatasetResult:
+    rows = [r for r in timing_rows(name) if r.is_target]
+    return DatasetResult(name=name, bound=REGISTRY[name].mape_bound, rows=tuple(predict_row(r) for r in rows))
+
+
+TIMING_DATASETS = tuple(n for n, d in REGISTRY.items() if d.kind == "timing")

@@ -1,0 +1,207 @@
+"""The measured-efficiency table and the tile / wave quantization model."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from importlib import resources
+
+import pytest
+
+from trainplan.efficiency import (
+    DATA_FILE,
+    DeviceEfficiency,
+    fleet_default,
+    gemm_efficiency,
+    get_efficiency,
+    known_devices,
+    tile_fraction,
+    wave_fraction,
+)
+from trainplan.errors import CatalogError
+
+# Accelerator ids of the catalog this table serves (docs/efficiency.md lists which are measured).
+CATALOG_IDS = {
+    "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "b300", "gb200", "gb300",
+    "vr200", "rtx-4090", "l40s", "mi250x", "mi300x", "mi325x", "mi350x", "mi355x", "tpu-v4",
+    "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "trn1", "trn2", "trn3", "gaudi2", "gaudi3", "wse-3",
+}  # fmt: skip
+
+
+def _raw() -> list[dict[str, object]]:
+    text = resources.files("trainplan.hardware").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
+    devices = tomllib.loads(text)["device"]
+    assert isinstance(devices, list)
+    return devices
+
+
+def test_file_loads_and_names_are_catalog_ids() -> None:
+    names = known_devices()
+    assert len(names) >= 15
+    assert set(names) <= CATALOG_IDS
+
+
+@pytest.mark.parametrize("name", known_devices())
+def test_every_entry_is_sourced_and_in_range(name: str) -> None:
+    eff = get_efficiency(name)
+    assert eff.gemm_efficiency_max, name
+    for dtype, value in eff.gemm_efficiency_max.items():
+        assert 0.0 < value <= 1.0, (name, dtype, value)
+        assert eff.sources[f"gemm.{dtype}"].strip(), (name, dtype)
+    assert 0.0 < eff.memory_bandwidth_efficiency <= 1.0
+    assert eff.sources["memory"].strip()
+    if eff.compute_units is not None:
+        assert eff.sources["compute_units"].strip()
+    if eff.tile_m is not None:
+        assert eff.sources["tile"].strip()
+
+
+def test_measured_entries_carry_full_provenance() -> None:
+    for entry in _raw():
+        gemm = entry.get("gemm", {})
+        assert isinstance(gemm, dict)
+        tables = list(gemm.values())
+        if "memory" in entry:
+            tables.append(entry["memory"])
+        for table in tables:
+            assert isinstance(table, dict)
+            if "same_as" in table:
+                assert entry.get("notes"), f"{entry['name']}: a borrowed figure needs a note saying why"
+                continue
+            for key in ("source", "date"):
+                assert str(table[key]).strip(), (entry["name"], key)
+
+
+def test_peaks_match_the_catalog_where_both_exist() -> None:
+    """An efficiency is a fraction of *the catalog's* peak, so the denominators must agree."""
+    peaks: dict[str, dict[str, float]] = {}
+    hbm: dict[str, float] = {}
+    data = resources.files("trainplan.hardware").joinpath("data")
+    for item in data.iterdir():
+        if item.name.endswith(".toml") and item.name != DATA_FILE:
+            for acc in tomllib.loads(item.read_text(encoding="utf-8")).get("accelerator", []):
+                peaks[acc["name"]] = {k: float(v) for k, v in acc["peak_flops"].items()}
+                hbm[acc["name"]] = float(acc["memory_bandwidth_bytes_per_s"])
+    checked = 0
+    for entry in _raw():
+        memory = entry.get("memory", {})
+        assert isinstance(memory, dict)
+        if "peak_bytes_per_s" in memory and str(entry["name"]) in hbm:
+            assert memory["peak_bytes_per_s"] == pytest.approx(hbm[str(entry["name"])], rel=0.01), entry[
+                "name"
+            ]
+        gemm = entry.get("gemm", {})
+        assert isinstance(gemm, dict)
+        for dtype, table in gemm.items():
+            name = str(entry["name"])
+            if "peak_tflops" not in table or dtype not in peaks.get(name, {}):
+                continue
+            assert table["peak_tflops"] * 1e12 == pytest.approx(peaks[name][dtype], rel=0.01), (name, dtype)
+            checked += 1
+    assert checked >= 15
+
+
+def test_fractions_equal_measured_over_peak() -> None:
+    h100 = get_efficiency("h100-sxm")
+    assert h100.gemm_efficiency_max["bf16"] == pytest.approx(794.5 / 989.4)
+    assert h100.gemm_efficiency_max["fp8"] == pytest.approx(1402.6 / 1978.9)
+    assert get_efficiency("mi300x").memory_bandwidth_efficiency == pytest.approx(4.256 / 5.3)
+
+
+def test_siblings_borrow_the_fraction_and_say_so() -> None:
+    assert (
+        get_efficiency("h200").gemm_efficiency_max["bf16"]
+        == get_efficiency("h100-sxm").gemm_efficiency_max["bf16"]
+    )
+    assert (
+        get_efficiency("h200").gemm_efficiency_max["fp8"]
+        != get_efficiency("h100-sxm").gemm_efficiency_max["fp8"]
+    )
+    assert get_efficiency("h100-pcie").sources["gemm.bf16"].startswith("borrowed from h100-sxm")
+    assert get_efficiency("mi325x").sources["memory"].startswith("borrowed from mi300x")
+
+
+def test_unknown_accelerator_gets_the_flagged_fleet_default() -> None:
+    eff = get_efficiency("My Custom_Chip")
+    assert eff.name == "my-custom-chip"
+    assert eff.is_assumed
+    assert "assumption" in eff.notes[0]
+    default = fleet_default()
+    assert eff.gemm_efficiency_max == default.gemm_efficiency_max
+    assert 0.5 < default.gemm_efficiency_max["bf16"] < 1.0
+    assert eff.compute_units is None  # no wave quantization without a unit count
+
+
+def test_missing_memory_figure_is_flagged_as_assumed() -> None:
+    eff = get_efficiency("h100-sxm")
+    assert "memory_bandwidth_efficiency" in eff.assumed
+    assert eff.memory_bandwidth_efficiency == fleet_default().memory_bandwidth_efficiency
+    assert not get_efficiency("mi300x").is_assumed
+
+
+def test_dtype_fallbacks() -> None:
+    h100 = get_efficiency("h100-sxm")
+    assert h100.gemm_max("fp16") == h100.gemm_efficiency_max["bf16"]
+    mi355 = get_efficiency("mi355x")  # no FP8 measurement: reuses its own BF16 fraction
+    assert mi355.gemm_max("fp8") == mi355.gemm_efficiency_max["bf16"]
+
+
+def test_wave_quantization_full_and_one_extra_tile() -> None:
+    assert wave_fraction(132, 132) == 1.0
+    assert wave_fraction(133, 132) == pytest.approx(133 / 264)
+    assert wave_fraction(264, 132) == 1.0
+    h100 = get_efficiency("h100-sxm")
+    base = h100.gemm_efficiency_max["bf16"]
+    # exactly one tile per SM: 12 x 11 = 132 tiles of 128 x 256
+    one_wave = gemm_efficiency(h100, 12 * 128, 11 * 256, 8192, "bf16")
+    assert one_wave == pytest.approx(base)
+    # one more tile row than fits: 13 x 11 = 143 tiles -> 2 waves, and the extra row is full
+    assert gemm_efficiency(h100, 13 * 128, 11 * 256, 8192, "bf16") == pytest.approx(base * 143 / 264)
+    # units + 1 tiles nearly halves it
+    b200 = get_efficiency("b200")  # 148 SMs
+    e_full = gemm_efficiency(b200, 148 * 128, 256, 4096, "bf16")
+    e_plus = gemm_efficiency(b200, 149 * 128, 256, 4096, "bf16")
+    assert e_full == pytest.approx(b200.gemm_efficiency_max["bf16"])
+    assert e_plus == pytest.approx(e_full * 149 / 296)
+
+
+def test_tile_quantization() -> None:
+    assert tile_fraction(128, 256, 128, 256) == 1.0
+    assert tile_fraction(129, 256, 128, 256) == pytest.approx(129 / 256)
+    h100 = get_efficiency("h100-sxm")
+    # a 1-row GEMM wastes almost all of its tile (and all SMs but one)
+    assert gemm_efficiency(h100, 1, 256, 4096, "bf16") < 0.001
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "a100-80gb", "b200", "mi300x"])
+def test_large_square_gemm_approaches_the_maximum(name: str) -> None:
+    eff = get_efficiency(name)
+    base = eff.gemm_efficiency_max["bf16"]
+    values = [gemm_efficiency(eff, s, s, s, "bf16") for s in (8192, 16384, 32768, 65536)]
+    assert all(v <= base + 1e-12 for v in values)
+    assert values[-1] >= 0.98 * base
+    assert values[1] >= 0.95 * base
+
+
+def test_chips_without_tile_use_the_maximum_for_any_shape() -> None:
+    gaudi = get_efficiency("gaudi3")
+    assert gemm_efficiency(gaudi, 100, 3, 7, "bf16") == gaudi.gemm_efficiency_max["bf16"]
+
+
+def test_bad_shapes_and_values_are_rejected() -> None:
+    eff = get_efficiency("h100-sxm")
+    with pytest.raises(CatalogError):
+        gemm_efficiency(eff, 0, 128, 128, "bf16")
+    with pytest.raises(CatalogError):
+        DeviceEfficiency(name="x", gemm_efficiency_max={"bf16": 1.2}, memory_bandwidth_efficiency=0.8)
+    with pytest.raises(CatalogError):
+        DeviceEfficiency(
+            name="x", gemm_efficiency_max={"bf16": 0.8}, memory_bandwidth_efficiency=0.8, tile_m=128
+        )
+
+
+def test_fractions_are_plausible() -> None:
+    """Guards against a peak typed in the wrong unit: no measured fraction below 40 %."""
+    for name in known_devices():
+        for value in get_efficiency(name).gemm_efficiency_max.values():
+            assert 0.4 < value <= 1.0 and math.isfinite(value), name

@@ -1,0 +1,186 @@
+"""Step time, throughput, MFU and run cost: invariants, published data, calibration."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainplan.estimate import estimate
+from trainplan.flops import megatron2021_eq3_flops
+from trainplan.hardware import get_accelerator, list_accelerators
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models import load_model
+from trainplan.recipe import Recipe
+from trainplan.timing import calibrated_kappa, step_time
+from trainplan.validate import calibrate
+from trainplan.validate.datasets import scheme_pairs, timing_rows
+from trainplan.validate.report import run_all
+from trainplan.validate.timing import TIMING_DATASETS, predict_row, validate_dataset
+
+
+def est(hw: str, n: int, layout: Layout, recipe: Recipe, model: str = "llama-3.1-8b"):  # type: ignore[no-untyped-def]
+    return estimate(System(accelerator=get_accelerator(hw), num_devices=n), load_model(model), recipe, layout)
+
+
+def test_step_time_is_the_visible_sum() -> None:
+    e = est("h100-sxm", 64, Layout(dp=2, tp=8, pp=4, sequence_parallel=True, zero=1), Recipe(global_batch=64))
+    assert e.time.step_s == pytest.approx(sum(v for _, v in e.time.terms()), rel=1e-12)
+    assert e.time.bubble_s > 0 and e.time.exposed_tp_s > 0 and e.time.pp_p2p_s > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(["a100-80gb", "h100-sxm", "b200", "mi300x", "tpu-v5p", "rtx-4090"]),
+    st.sampled_from(["gpt2", "llama-3.2-1b", "llama-3.1-8b", "mixtral-8x7b"]),
+    st.sampled_from([512, 2048, 8192]),
+    st.sampled_from(["none", "selective", "full"]),
+)
+def test_mfu_is_below_one(hw: str, model: str, seq: int, recompute: str) -> None:
+    e = est(hw, 1, Layout(), Recipe(seq_len=seq, recompute=recompute), model)  # type: ignore[arg-type]
+    assert 0 < e.throughput.mfu < 1
+    assert 0 < e.throughput.hfu < 1
+
+
+@pytest.mark.parametrize("hw", ["h100-sxm", "a100-80gb", "b200"])
+def test_data_parallel_scales_at_most_linearly(hw: str) -> None:
+    recipe = Recipe(seq_len=2048, micro_batch=2)
+    base = est(hw, 8, Layout(dp=8, zero=1), recipe).throughput.tokens_per_s
+    for n in (16, 64, 256):
+        tps = est(hw, n, Layout(dp=n, zero=1), recipe).throughput.tokens_per_s
+        assert tps <= base * n / 8 * (1 + 1e-9)
+
+
+def test_fp8_beats_bf16_only_with_an_fp8_peak() -> None:
+    for acc in list_accelerators():
+        if not acc.supports("bf16"):
+            continue
+        system = System(accelerator=acc, num_devices=1)
+        model = load_model("llama-3.2-1b")
+        bf16 = step_time(system, model, Recipe(seq_len=2048), Layout()).step_s
+        if acc.supports("fp8"):
+            fp8 = step_time(system, model, Recipe(seq_len=2048, precision="fp8"), Layout()).step_s
+            if acc.peak_flops_per_s("fp8") > acc.peak_flops_per_s("bf16"):
+                assert fp8 < bf16, acc.name
+        else:
+            with pytest.raises(Exception, match="fp8"):
+                estimate(system, model, Recipe(seq_len=2048, precision="fp8"), Layout())
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([2, 4, 8]), st.sampled_from(["1f1b", "interleaved", "zb"]), st.integers(1, 4))
+def test_more_microbatches_never_increase_the_bubble_fraction(pp: int, schedule: str, k: int) -> None:
+    model = load_model("llama-3.1-8b")
+    v = 2 if schedule == "interleaved" else 1
+    fractions = []
+    for m in (pp * k, pp * k * 2, pp * k * 4):
+        layout = Layout(pp=pp, pp_schedule=schedule, virtual_stages=v)  # type: ignore[arg-type]
+        t = step_time(
+            System(accelerator=get_accelerator("h100-sxm"), num_devices=pp),
+            model,
+            Recipe(seq_len=2048, global_batch=m),
+            layout,
+        )
+        fractions.append(t.bubble_s / t.step_s)
+    assert fractions[0] >= fractions[1] >= fractions[2]
+
+
+def test_run_cost_arithmetic() -> None:
+    recipe = Recipe(seq_len=2048, global_batch=64, tokens=1e10)
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=8)
+    e = estimate(
+        system, load_model("llama-3.1-8b"), recipe, Layout(dp=8, zero=3), price_usd_per_device_hour=2.0
+    )
+    assert e.run.time_s == pytest.approx(1e10 / e.throughput.tokens_per_s)
+    assert e.run.device_hours == pytest.approx(8 * e.run.time_s / 3600)
+    assert e.run.cost_usd == pytest.approx(2.0 * e.run.device_hours)
+    tdp = get_accelerator("h100-sxm").tdp_w
+    assert tdp is not None and e.run.energy_kwh is not None
+    assert e.run.energy_kwh <= 8 * tdp * e.run.time_s / 3.6e6 * 1.2 + 1e-9
+
+
+# --- published data ------------------------------------------------------------------------------
+def test_megatron_table1_beats_a_constant_efficiency() -> None:
+    """A constant 50% of peak scores ~7.9% MAPE on Megatron-LM 2021 Table 1; the model must do better."""
+    rows = [r for r in timing_rows("megatron2021_table1") if r.is_target]
+    constant = []
+    for r in rows:
+        assert (
+            r.dims is not None
+            and r.global_batch is not None
+            and r.seq_len is not None
+            and r.step_s is not None
+        )
+        flops = megatron2021_eq3_flops(r.global_batch, r.seq_len, r.dims.layers, r.dims.hidden, r.dims.vocab)
+        constant.append(abs(flops / (r.num_devices * 0.5 * 312e12) / r.step_s - 1))
+    ours = validate_dataset("megatron2021_table1").mape
+    assert ours is not None
+    assert 0.07 < statistics.fmean(constant) < 0.09  # 8.3% here; 7.9% as quoted with other rounding
+    assert ours < statistics.fmean(constant)
+    assert ours <= 0.06  # target 0.05: see docs/timing.md for the remaining gap
+
+
+def test_korthikanti_table5_each_row_and_the_ratio() -> None:
+    res = validate_dataset("korthikanti2022_table5")
+    by_name = {r.name: r for r in res.rows}
+    for r in res.rows:
+        assert r.error is not None and abs(r.error) <= 0.10, r.name
+    for size in ("22b", "175b", "530b", "1t"):
+        full = by_name[f"korthikanti2022-{size}-full-recompute"]
+        sel = by_name[f"korthikanti2022-{size}-sp-selective"]
+        assert full.predicted is not None and sel.predicted is not None
+        ratio_err = (full.predicted / sel.predicted) / (full.published / sel.published) - 1
+        assert abs(ratio_err) <= 0.05, size
+
+
+def test_faster_scheme_comes_out_faster() -> None:
+    rows = [r for ds in TIMING_DATASETS for r in timing_rows(ds)]
+    pairs = scheme_pairs(rows)
+    assert pairs
+    for fast, slow in pairs:
+        f, s = predict_row(fast), predict_row(slow)
+        assert f.predicted is not None and s.predicted is not None
+        if f.metric == "tokens_per_s":
+            assert f.predicted > s.predicted, (fast.name, slow.name)
+        else:
+            assert f.predicted < s.predicted, (fast.name, slow.name)
+
+
+def test_every_dataset_within_its_stated_bound() -> None:
+    for res in run_all():
+        assert res.passed, f"{res.name}: MAPE {res.mape} > bound {res.bound}"
+
+
+def test_calibration_is_reproducible_from_its_split() -> None:
+    """κ is fitted on the calibration split only; re-fitting gives the stored value."""
+    for gen in calibrate.CALIBRATION_SETS:
+        fit = calibrate.fit_generation(gen)
+        stored = {"ampere": "a100-80gb", "hopper": "h100-sxm", "blackwell": "b200"}[gen]
+        assert calibrated_kappa(stored) == pytest.approx(fit.kappa, abs=2e-3), gen
+        for name in fit.rows:
+            row = next(
+                r for ds, _ in calibrate.CALIBRATION_SETS[gen] for r in timing_rows(ds) if r.name == name
+            )
+            assert row.split == "calibrate", name
+    for judged in ("megatron2021_table1", "korthikanti2022_table5"):
+        assert all(r.split == "validate" for r in timing_rows(judged))
+
+
+def test_uncalibrated_devices_say_so() -> None:
+    e = est("mi300x", 8, Layout(dp=8, zero=3), Recipe(seq_len=2048, global_batch=8))
+    assert e.time.kappa == 1.0
+    assert any("no calibrated" in n for n in e.time.notes)
+    assert math.isfinite(e.time.step_s)
+
+
+def test_offload_adds_host_transfer_time() -> None:
+    base = Recipe(method="full", seq_len=2048, global_batch=8)
+    on = est("h100-sxm", 8, Layout(dp=8, zero=3), replace(base, offload="optimizer"))
+    off = est("h100-sxm", 8, Layout(dp=8, zero=3), base)
+    assert on.time.offload_s > 0 and off.time.offload_s == 0
+    assert on.time.optimizer_s == 0 and off.time.optimizer_s > 0
