@@ -263,6 +263,8 @@ def render_estimate(est: object, *, binary: bool = False) -> str:
     lines.append(f"  {'capacity':34s}{_fmt_size(mem.capacity_bytes, binary)}")
     if mem.host_bytes:
         lines.append(f"  {'offloaded to host memory':34s}{_fmt_size(mem.host_bytes, binary)}")
+    if mem.paged_optimizer_bytes:
+        lines.append(f"  {'paged optimizer (unified memory)':34s}{_fmt_size(mem.paged_optimizer_bytes, binary)}")
     lines.append("")
     t = est.time
     lines.append(f"step time (busiest device, pipeline stage {t.stage}, {t.micro_batches} micro-batch(es)):")

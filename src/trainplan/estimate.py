@@ -101,6 +101,9 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "offload": recipe.offload,
         "dropout": recipe.dropout,
         "master_weights": recipe.master_weights,
+        "loss_chunks": recipe.loss_chunks,
+        "optimizer_in_backward": recipe.optimizer_in_backward,
+        "paged_optimizer": recipe.paged_optimizer,
     }
     if recipe.lora is not None:
         out["lora"] = {
