@@ -1,0 +1,259 @@
+"""Exact verification: reference models, the live-storage tracer, FLOPs and analytic-vs-traced."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed (pip install torch==2.13.0)")
+
+from trainplan.layout import Layout  # noqa: E402
+from trainplan.models import count_params, load_model  # noqa: E402
+from trainplan.models.spec import ModelSpec  # noqa: E402
+from trainplan.recipe import Recipe  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _llama(**kw: object) -> ModelSpec:
+    base: dict[str, object] = dict(
+        name="tiny-llama",
+        family="llama",
+        num_layers=2,
+        hidden_size=256,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=32,
+        ffn_hidden=688,
+        vocab_size=1000,
+    )
+    base.update(kw)
+    return ModelSpec(**base)  # type: ignore[arg-type]
+
+
+def _gpt(**kw: object) -> ModelSpec:
+    base: dict[str, object] = dict(
+        name="tiny-gpt",
+        family="gpt2",
+        num_layers=2,
+        hidden_size=192,
+        num_heads=6,
+        num_kv_heads=6,
+        head_dim=32,
+        ffn_hidden=768,
+        vocab_size=1000,
+        activation="gelu",
+        norm="layernorm",
+        position="learned",
+        tied_embeddings=True,
+        qkv_bias=True,
+        attn_out_bias=True,
+        mlp_bias=True,
+        max_seq_len=512,
+    )
+    base.update(kw)
+    return ModelSpec(**base)  # type: ignore[arg-type]
+
+
+# -- reference models ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt2",
+        "llama-2-7b",
+        "llama-3-8b",
+        "llama-3-70b",
+        "mixtral-8x7b",
+        "qwen1.5-moe-a2.7b",
+        "qwen3-30b-a3b",
+        "gemma-2-9b",
+        "olmo-2-7b",
+        "phi-3-mini",
+        "qwen2.5-7b",
+        "pythia-160m",
+    ],
+)
+def test_reference_model_parameter_count_equals_count_params(name: str) -> None:
+    from trainplan.trace.models import build_model, num_params
+
+    spec = load_model(name)
+    assert num_params(build_model(spec, dtype=torch.float32, device="meta")) == count_params(spec).total
+
+
+def test_lora_and_qlora_storage_is_what_the_papers_say() -> None:
+    """LoRA adds r·(in+out) per targeted linear; NF4 packs 2 weights per byte + per-block constants."""
+    from trainplan.recipe import LoRASpec
+    from trainplan.trace.lora import NF4Linear, apply_lora, quant_buffers
+    from trainplan.trace.models import build_model
+
+    spec = _llama(num_layers=1)
+    h, q, kv, f, r = 256, 256, 64, 688, 8
+    net = build_model(spec, dtype=torch.bfloat16)
+    apply_lora(net, LoRASpec(rank=r, targets=("q", "v")), quantize=False, dtype=torch.bfloat16)
+    trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    assert trainable == r * (h + q) + r * (h + kv)
+
+    net = build_model(spec, dtype=torch.bfloat16)
+    apply_lora(
+        net,
+        LoRASpec(rank=r, double_quant=True, quant_block=64, double_quant_block=256),
+        quantize=True,
+        dtype=torch.bfloat16,
+    )
+    packed, consts = quant_buffers(net)
+    n_lin = h * q + 2 * h * kv + q * h + 3 * h * f
+    assert sum(t.numel() * t.element_size() for t in packed) == n_lin // 2
+    n_blocks = [(o * i + 63) // 64 for (i, o) in [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]]
+    expect = sum(nb + 4 * ((nb + 255) // 256) + 4 for nb in n_blocks)  # uint8 absmax + fp32 scale + offset
+    assert sum(t.numel() * t.element_size() for t in consts) == expect
+    assert sum(isinstance(m, NF4Linear) for m in net.modules()) == 7
+
+
+# -- the tracer --------------------------------------------------------------------------------
+def test_tracer_peak_and_frees_follow_storages() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainplan.trace.tracer import LiveStorageTracker
+
+    with FakeTensorMode():
+        tr = LiveStorageTracker()
+        with tr:
+            a = torch.empty(1000, dtype=torch.float32)  # 4000 B
+            b = torch.empty(500, dtype=torch.bfloat16)  # 1000 B
+            v = a.view(10, 100)  # a view: no new storage
+            del a
+            assert tr.total_bytes == 5000
+            del v  # last reference to a's storage
+            c = torch.empty(2000, dtype=torch.uint8)  # 2000 B
+            assert tr.total_bytes == 3000
+            c.untyped_storage().resize_(0)
+            assert tr.total_bytes == 1000
+        assert tr.peak_bytes == 5000
+        del b
+
+
+def _bs_llama_layer_saved_bytes(spec: ModelSpec, b: int, s: int, e: int) -> int:
+    """Per-layer saved bytes of a Llama block, flash SDPA, no recompute (docs/verify.md):
+
+    norm inputs 2·e·h and rstd 2·4, normed inputs of q/k/v and gate/up 2·e·h, q and k after RoPE,
+    v, the attention output (e·(2q + 2kv)), the log-sum-exp 4·a, and the SwiGLU gate output,
+    SiLU output, up output and product 4·e·f — per token.
+    """
+    h, q, kv, f, a = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.ffn_hidden, spec.num_heads
+    return b * s * (4 * e * h + 2 * e * q + 2 * e * kv + 4 * e * f + 2 * 4 + 4 * a)
+
+
+def _bs_gpt_layer_saved_bytes(spec: ModelSpec, b: int, s: int, e: int) -> int:
+    """GPT block: LayerNorm input + mean + rstd (e·h + 2·e) twice, normed inputs (2·e·h), q/k/v and
+    output (e·(2q + 2kv)), log-sum-exp 4·a, GeLU input and output (2·e·f).
+
+    The CPU ``native_layer_norm`` keeps mean and rstd in the input dtype (e bytes); CUDA keeps
+    them in fp32 (4 bytes): 4·b·s bytes per layer more under bf16 on a GPU.
+    """
+    h, q, kv, f, a = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.ffn_hidden, spec.num_heads
+    return b * s * (4 * e * h + 2 * 2 * e + 2 * e * q + 2 * e * kv + 2 * e * f + 4 * a)
+
+
+@pytest.mark.parametrize("precision,e", [("bf16", 2), ("fp32", 4)])
+@pytest.mark.parametrize("b,s", [(1, 128), (2, 64)])
+def test_saved_bytes_per_layer_match_the_derivation(precision: str, e: int, b: int, s: int) -> None:
+    from trainplan.trace.step import trace_step
+
+    recipe = Recipe(seq_len=s, micro_batch=b, precision=precision)  # type: ignore[arg-type]
+    llama = _llama()
+    tr = trace_step(llama, recipe, Layout())
+    # layer 0 also saves the shared RoPE cos/sin tables (2 · s · d · e) and the token ids (8·b·s)
+    assert tr.layer_saved_bytes[1] == _bs_llama_layer_saved_bytes(llama, b, s, e)
+    gpt = _gpt()
+    tr = trace_step(gpt, recipe, Layout())
+    assert tr.layer_saved_bytes[1] == _bs_gpt_layer_saved_bytes(gpt, b, s, e)
+
+
+def test_full_recompute_saves_only_the_block_input() -> None:
+    from trainplan.trace.step import trace_step
+
+    spec = _llama(num_layers=3)
+    tr = trace_step(spec, Recipe(seq_len=128, micro_batch=2, recompute="full"), Layout())
+    assert tr.layer_saved_bytes[1] == 2 * 128 * spec.hidden_size * 2
+
+
+def test_fp32_model_states_are_4_4_8_bytes_and_peak_is_in_the_step() -> None:
+    from trainplan.trace.step import trace_step
+
+    spec = _llama()
+    tr = trace_step(spec, Recipe(seq_len=64, precision="fp32"), Layout())
+    n = count_params(spec).total
+    assert tr.state_bytes["parameters"] == 4 * n
+    assert tr.state_bytes["gradients"] == 4 * n
+    assert tr.state_bytes["optimizer"] == 8 * n + 4 * len(list(_trainable(spec)))  # + one fp32 step each
+    # foreach AdamW: one fp32 temporary of the parameters' size (torch/optim/adam.py _foreach_sqrt)
+    # (plus a few 4-byte scalars alive at that moment)
+    assert 4 * n <= tr.phase_breakdowns_bytes["optimizer"]["temporaries"] <= 4 * n + 64
+    assert tr.peak_phase == "optimizer"
+
+
+def _trainable(spec: ModelSpec) -> list[object]:
+    from trainplan.trace.models import build_model
+
+    return [p for p in build_model(spec, dtype=torch.float32).parameters() if p.requires_grad]
+
+
+def test_causal_attention_flops_follow_the_convention() -> None:
+    """Forward 2·2·b·s²·(a·d)/2; backward 5/2 of that (torch's five backward matmuls, halved)."""
+    from trainplan.trace.step import trace_step
+
+    spec = _llama(num_layers=1)
+    b, s = 2, 128
+    tr = trace_step(spec, Recipe(seq_len=s, micro_batch=b), Layout())
+    fwd = 2 * 2 * b * s * s * spec.q_dim // 2
+    assert tr.flops_by_op["_scaled_dot_product_flash_attention_for_cpu"] == fwd
+    assert tr.flops_by_op["_scaled_dot_product_flash_attention_for_cpu_backward"] == 5 * fwd // 2
+
+
+def test_matmul_flops_are_six_per_weight_per_token() -> None:
+    """Every linear costs 2·in·out per token forward and twice that backward (no frozen weights)."""
+    from trainplan.trace.step import trace_step
+
+    spec = _llama(num_layers=2)
+    b, s = 1, 64
+    tr = trace_step(spec, Recipe(seq_len=s, micro_batch=b), Layout())
+    h, q, kv, f, v = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.ffn_hidden, spec.vocab_size
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * f
+    matmul_weights = spec.num_layers * per_layer + h * v  # the embedding is a lookup, not a matmul
+    assert tr.gemm_flops == 6 * matmul_weights * b * s
+
+
+# -- analytic vs traced --------------------------------------------------------------------------
+def test_verify_result_renders_and_serialises() -> None:
+    from trainplan.trace.verify import run_verify
+
+    res = run_verify(_llama(), Recipe(seq_len=64), Layout(), world_size=1)
+    d = res.to_dict()
+    assert {r["name"] for r in d["memory"]} >= {"weights", "gradients", "optimizer", "activations", "peak"}
+    text = res.render()
+    assert "peak" in text and "gemm_flops" in text
+    with pytest.raises(ValueError, match="world_size"):
+        run_verify(_llama(), Recipe(seq_len=64), Layout(dp=2, zero=3), world_size=1)
+
+
+def test_unsupported_layouts_say_why() -> None:
+    from trainplan.trace.step import UnsupportedConfig, trace_step
+
+    with pytest.raises(UnsupportedConfig, match="pipeline"):
+        trace_step(_llama(), Recipe(seq_len=64), Layout(dp=1, pp=2))
+
+
+@pytest.mark.slow
+def test_70b_full_depth_step_traces_within_60_s() -> None:
+    from trainplan.trace.step import trace_step
+
+    t0 = time.perf_counter()
+    tr = trace_step(load_model("llama-3-70b"), Recipe(seq_len=4096), Layout(dp=64, zero=3))
+    elapsed = time.perf_counter() - t0
+    assert elapsed <= 60.0, f"70B step traced in {elapsed:.1f} s"
+    n = count_params(load_model("llama-3-70b")).total
+    # FSDP2 mixed precision: fp32 shards + fp32 gradient shards + two fp32 moments = 16 bytes / 64
+    assert tr.state_bytes["parameters"] + tr.state_bytes["gradients"] + tr.state_bytes[
+        "optimizer"
+    ] == pytest.approx(16 * n / 64, rel=1e-3)
