@@ -242,3 +242,74 @@ def test_render_table_and_show() -> None:
     assert "NVIDIA H100 SXM5 80GB" in show and "989.4 TFLOP/s" in show
     assert "GiB" in show and "450.0 GB/s per direction" in show and "p5.48xlarge" in show
     assert "https://" in show and "Notes" in show
+
+
+# Entries without a scale-out link, each for a stated reason (see their notes and docs/hardware.md):
+# no per-GPU NIC documented (h100-pcie, rtx-4090), no DCN figure published (tpu-v4), or the
+# wafer-scale system whose SwarmX/MemoryX bandwidth is unpublished (wse-3).
+NO_SCALE_OUT = {"h100-pcie", "rtx-4090", "tpu-v4", "wse-3"}
+
+
+def test_scale_out_present_unless_explained() -> None:
+    for acc in list_accelerators():
+        if acc.name in NO_SCALE_OUT:
+            assert acc.scale_out is None
+            assert any(
+                "scale-out" in n.lower() or "scale_out" in n.lower() or "dcn" in n.lower() for n in acc.notes
+            )
+            continue
+        link = acc.scale_out
+        assert link is not None, f"{acc.name} lacks a scale-out link"
+        assert "latency" in link.source.lower(), acc.name  # the alpha is stated, not silent
+        # One direction per chip: no NIC in the catalog exceeds 800 Gb/s per device.
+        assert 1e9 <= link.bandwidth_bytes_per_s <= 100e9, acc.name
+        # Scale-out is never faster than the chip's own scale-up link.
+        assert link.bandwidth_bytes_per_s <= acc.scale_up.bandwidth_bytes_per_s, acc.name
+
+
+def test_scale_out_spot_values() -> None:
+    expected = {
+        "mi250x": 12.5e9,  # 4x Slingshot-11 200 Gb/s per 8-GCD Frontier node
+        "mi300x": 50e9,  # Azure ND MI300X v5: 8x 400 Gb/s NDR per 8 GPUs
+        "mi325x": 50e9,
+        "mi350x": 50e9,
+        "mi355x": 50e9,  # 8x Pollara 400 per 8 GPUs
+        "tpu-v5e": 3.125e9,  # 2x 100 Gbps per 8-chip host
+        "tpu-v5p": 6.25e9,  # 50 Gb/s per chip
+        "tpu-v6e": 12.5e9,  # 100 Gb/s per chip
+        "tpu-v7": 12.5e9,  # 100 Gb/s per chip
+        "l40s": 6.25e9,  # g6e.48xlarge 400 Gb/s per 8 GPUs
+    }
+    for name, value in expected.items():
+        link = get_accelerator(name).scale_out
+        assert link is not None and link.bandwidth_bytes_per_s == pytest.approx(value), name
+        assert link.latency_s == pytest.approx(2.7e-6), name  # NCCL network class
+
+
+def test_dated_cloud_offerings() -> None:
+    priced = {a.name for a in list_accelerators() if a.cloud}
+    for name in ("h100-pcie", "rtx-4090", "l40s", "mi300x", "mi325x", "tpu-v6e", "trn1"):
+        assert name in priced, name
+    l40s = get_accelerator("l40s")
+    g6e = next(o for o in l40s.cloud if o.instance == "g6e.48xlarge")
+    assert g6e.usd_per_instance_hour == pytest.approx(30.13118)
+    assert g6e.date == "2026-08-26" and "299375be" in g6e.source
+    mi300x = get_accelerator("mi300x")
+    assert {o.provider for o in mi300x.cloud} >= {"Azure", "TensorWave"}
+    cheapest = mi300x.cheapest_offering()
+    assert cheapest is not None and cheapest.provider == "TensorWave"
+    for acc in list_accelerators():
+        for offer in acc.cloud:
+            assert "http" in offer.source, (acc.name, offer.instance)
+            # a per-device price between 10 cents and $100 per hour; catches per-instance typos
+            assert 0.1 < offer.usd_per_device_hour < 100, (acc.name, offer.instance)
+        if not acc.cloud:
+            # an unpriced entry says why in its price source
+            assert acc.sources["price"].strip()
+
+
+def test_price_notes_have_no_mangled_dollar_figures() -> None:
+    # "$3.22" must not lose its "$3" (a shell-expansion artefact once left ".22" behind).
+    for acc in list_accelerators():
+        for note in acc.notes:
+            assert not re.search(r"(^|\s)\.\d", note), (acc.name, note)

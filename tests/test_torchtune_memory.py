@@ -14,6 +14,8 @@ from trainplan.validate.torchtune_memory import (
     RUNS,
     RowComparison,
     comparisons,
+    markdown_explained,
+    markdown_explained,
     markdown_table,
     text_table,
 )
@@ -50,6 +52,7 @@ def test_explanations_and_table_are_in_the_docs() -> None:
     for name, why in EXPLAINED.items():
         assert " ".join(why.split()) in docs, f"docs/memory.md lacks the explanation of {name}"
     assert markdown_table(ITEMS) in DOCS.read_text(encoding="utf-8"), "regenerate the docs table"
+    assert markdown_explained(ITEMS) in DOCS.read_text(encoding="utf-8"), "regenerate the docs list"
 
 
 def test_published_units_are_kept() -> None:

@@ -65,27 +65,43 @@ class LayerActivations:
         return sum(self.terms.values())
 
 
+PHASES: Final = ("backward start", "backward end", "optimizer step")
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryBreakdown:
-    """Per-device memory at the peak of a training step, for the worst pipeline stage."""
+    """Per-device memory of the worst pipeline stage, at the peak of a training step.
+
+    Three moments compete for the peak (the live tensors traced in ``trainplan verify`` show each):
+
+    * **backward start** — every saved activation of the in-flight micro-batches, the saved loss
+      tensors and the loss-backward transient; gradients only if they already exist (gradient
+      accumulation over several micro-batches: from the second one on);
+    * **backward end** — all gradients, the ZeRO-3 gather buffers and the unsharded gradient of the
+      layer being reduce-scattered;
+    * **optimizer step** — all model states plus the step's temporaries.
+
+    ``gradients_bytes`` etc. are the sizes of the states; :meth:`terms` lists what is alive at the
+    peak moment, and those terms add up to ``per_device_bytes``.
+    """
 
     weights_bytes: float
     gradients_bytes: float
     optimizer_bytes: float  # optimizer states incl. FP32 master weights where kept
-    master_weights_bytes: float  # the part of optimizer_bytes that is the FP32 master copy
+    master_weights_bytes: float  # the part of optimizer_bytes that is a separate FP32 master copy
     quant_constants_bytes: float  # QLoRA absmax constants
     activations_bytes: float  # saved for backward, all in-flight micro-batches
-    logits_bytes: float  # logits and loss buffers (last stage)
-    gather_buffers_bytes: float  # ZeRO-3/FSDP unsharded layers in flight
-    transient_bytes: float  # largest short-lived tensor of the backward phase
-    optimizer_temporaries_bytes: float  # optimizer-step temporaries (optimizer phase)
+    logits_bytes: float  # saved by the output layer and the loss (last stage)
+    gather_buffers_bytes: float  # ZeRO-3/FSDP: unsharded weights of the current and the prefetched layer
+    transient_bytes: float  # largest short-lived tensors at the start of backward
+    reduce_buffers_bytes: float  # ZeRO-3/FSDP: one layer's unsharded gradient (+ its FP32 reduce copy)
+    optimizer_temporaries_bytes: float  # optimizer-step temporaries
     comm_buffers_bytes: float
     cuda_context_bytes: float
-    fragmentation_bytes: float
     capacity_bytes: float
     host_bytes: float  # offloaded to CPU memory, per device
     stage: int  # the pipeline stage this breakdown describes (the worst one)
-    peak_phase: str  # "backward" or "optimizer step"
+    grads_live_at_backward_start: bool
     params_on_device: int
     trainable_params_on_device: int
     activation_terms: dict[str, float] = field(default_factory=dict)
@@ -98,18 +114,47 @@ class MemoryBreakdown:
     def model_states_bytes(self) -> float:
         return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.quant_constants_bytes
 
+    def phase_terms(self, phase: str) -> list[tuple[str, float]]:
+        """Live tensors at one moment of the step (see the class docstring)."""
+        grads = self.gradients_bytes if (phase != "backward start" or self.grads_live_at_backward_start) else 0.0
+        terms = [
+            ("weights", self.weights_bytes),
+            ("gradients", grads),
+            ("optimizer states (incl. master)", self.optimizer_bytes),
+            ("quantization constants", self.quant_constants_bytes),
+            ("communication buffers", self.comm_buffers_bytes),
+        ]
+        if phase == "backward start":
+            terms += [
+                ("activations", self.activations_bytes),
+                ("logits / loss", self.logits_bytes),
+                ("ZeRO-3 gather buffers", self.gather_buffers_bytes),
+                ("transient (backward)", self.transient_bytes),
+            ]
+        elif phase == "backward end":
+            terms += [
+                ("ZeRO-3 gather buffers", self.gather_buffers_bytes),
+                ("ZeRO-3 gradient reduce buffers", self.reduce_buffers_bytes),
+            ]
+        else:
+            terms += [("optimizer-step temporaries", self.optimizer_temporaries_bytes)]
+        return terms
+
+    def phase_bytes(self, phase: str) -> float:
+        return sum(v for _, v in self.phase_terms(phase))
+
     @property
-    def backward_phase_bytes(self) -> float:
-        return self.activations_bytes + self.logits_bytes + self.gather_buffers_bytes + self.transient_bytes
+    def peak_phase(self) -> str:
+        return max(PHASES, key=self.phase_bytes)  # ties: the earlier moment
 
     @property
     def peak_bytes(self) -> float:
         """Peak of live tensors (what ``torch.cuda.max_memory_allocated`` measures)."""
-        return (
-            self.model_states_bytes
-            + self.comm_buffers_bytes
-            + max(self.backward_phase_bytes, self.optimizer_temporaries_bytes)
-        )
+        return self.phase_bytes(self.peak_phase)
+
+    @property
+    def fragmentation_bytes(self) -> float:
+        return FRAGMENTATION_FRACTION * self.peak_bytes
 
     @property
     def per_device_bytes(self) -> float:
@@ -120,19 +165,9 @@ class MemoryBreakdown:
         return self.per_device_bytes <= self.capacity_bytes
 
     def terms(self) -> list[tuple[str, float]]:
-        """The visible sum: these terms add up to ``per_device_bytes``."""
-        phase_backward = self.peak_phase == "backward"
+        """The visible sum at the peak moment: these terms add up to ``per_device_bytes``."""
         return [
-            ("weights", self.weights_bytes),
-            ("gradients", self.gradients_bytes),
-            ("optimizer states (incl. master)", self.optimizer_bytes),
-            ("quantization constants", self.quant_constants_bytes),
-            ("activations", self.activations_bytes if phase_backward else 0.0),
-            ("logits / loss", self.logits_bytes if phase_backward else 0.0),
-            ("ZeRO-3 gather buffers", self.gather_buffers_bytes if phase_backward else 0.0),
-            ("transient (backward)", self.transient_bytes if phase_backward else 0.0),
-            ("optimizer-step temporaries", 0.0 if phase_backward else self.optimizer_temporaries_bytes),
-            ("communication buffers", self.comm_buffers_bytes),
+            *self.phase_terms(self.peak_phase),
             ("CUDA context / runtime", self.cuda_context_bytes),
             ("allocator fragmentation", self.fragmentation_bytes),
         ]
@@ -146,7 +181,7 @@ class MemoryBreakdown:
         named = ", ".join(f"{name} {fmt_bytes(v)}" for name, v in top if v > 0)
         return [
             f"needs {fmt_bytes(self.per_device_bytes)} per device > {fmt_bytes(self.capacity_bytes)} "
-            f"capacity (over by {fmt_bytes(excess)}); largest terms: {named}"
+            f"capacity (over by {fmt_bytes(excess)}) at the {self.peak_phase}; largest terms: {named}"
         ]
 
     def to_dict(self) -> dict[str, object]:
@@ -156,6 +191,7 @@ class MemoryBreakdown:
             "fits": self.fits,
             "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase,
+            "phase_bytes": {p: self.phase_bytes(p) for p in PHASES},
             "stage": self.stage,
             "weights_bytes": self.weights_bytes,
             "gradients_bytes": self.gradients_bytes,
@@ -166,6 +202,7 @@ class MemoryBreakdown:
             "logits_bytes": self.logits_bytes,
             "gather_buffers_bytes": self.gather_buffers_bytes,
             "transient_bytes": self.transient_bytes,
+            "reduce_buffers_bytes": self.reduce_buffers_bytes,
             "optimizer_temporaries_bytes": self.optimizer_temporaries_bytes,
             "comm_buffers_bytes": self.comm_buffers_bytes,
             "cuda_context_bytes": self.cuda_context_bytes,
@@ -222,7 +259,11 @@ def layer_activations(
     inputs of the first linear of each block, dropout masks) divides by t only with sequence
     parallelism. Selective recompute drops the attention-core terms (s² per head); full recompute
     stores only the layer input. Flash attention (Dao et al. 2022) saves the output O and the
-    FP32 log-sum-exp (4·b·a·s bytes) instead of the s² score tensors.
+    FP32 log-sum-exp (4·b·a·s bytes) instead of the s² score tensors. Norm statistics (FP32 rstd,
+    and the mean for LayerNorm, per token: what the fused CUDA kernels save) are a separate
+    ``norm_stats`` term that Korthikanti's count omits (16 bytes per token per layer at most).
+    The per-layer sum equals the bytes the reference PyTorch layers of ``trainplan.trace`` keep
+    alive for backward (tests/test_trace.py checks the derivation).
     """
     b = recipe.micro_batch if micro_batch is None else micro_batch
     t, cp = layout.tp, layout.cp
@@ -251,8 +292,18 @@ def layer_activations(
         terms["mlp_input"] = e * tokens * h / sp_div
     if dropout:
         terms["dropout_masks"] = 2 * 1.0 * tokens * h / sp_div
+    if model.post_norms:
+        # Gemma 2: the post-attention and post-MLP norms save their inputs too.
+        terms["post_norm_inputs"] = 2 * e * tokens * h / sp_div
+    norms = 2 * (2 if model.post_norms else 1)
+    stat_bytes = 4.0 if model.norm == "rmsnorm" else 8.0  # FP32 rstd (+ mean for LayerNorm) per token
+    terms["norm_stats"] = norms * stat_bytes * tokens / sp_div
     # Inside the tp region.
     terms["q_k_v"] = e * tokens * (q_local + 2 * g_local)
+    if model.qk_norm:
+        # Qwen3/OLMo 2: q and k norms save their inputs and an FP32 rstd per head (or per token).
+        per_token_stats = 2 if model.qk_norm_full_width else (a_local + g_local / model.head_dim)
+        terms["qk_norm"] = e * tokens * (q_local + g_local) + 4.0 * tokens * per_token_stats
     core_s2 = 0.0
     if recipe.attention == "eager":
         core_s2 = e * b * a_local * s * s_kv  # softmax output
@@ -343,10 +394,12 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     """(saved, transient) bytes of the output layer for one micro-batch on the last stage.
 
     Saved: the final-norm input and LM-head input (e·b·s·h each, /t with sequence parallelism),
-    the logits (e·b·s·V/t, kept by the loss) and the FP32 log-softmax output that cross-entropy
-    saves (4·b·s·V/t; Megatron-LM's vocab-parallel cross-entropy likewise keeps an FP32 softmax,
-    Korthikanti Sec. 4.3: 4·s·b·v/t). Transient: the FP32 gradient of the logits (4·b·s·V/t)
-    created by the loss backward while the saved tensors are still alive.
+    the final norm's FP32 rstd and the int64 labels (4 + 8 bytes per token), and the FP32
+    log-softmax output that cross-entropy saves (4·b·s·V/t; Megatron-LM's vocab-parallel
+    cross-entropy likewise keeps an FP32 softmax, Korthikanti Sec. 4.3: 4·s·b·v/t). The 16-bit
+    logits are not saved (the FP32 cast reads them and they are freed). Transient: at the start of
+    backward the FP32 gradients of nll_loss and of log_softmax are alive together (8·b·s·V/t),
+    as the live-tensor trace of ``trainplan verify`` shows.
 
     ``recipe.loss_chunks = C > 1`` (torchtune ``CEWithChunkedOutputLoss``,
     ``torchtune/modules/loss/ce_chunked_output_loss.py`` at pytorch/torchtune@30b8519e8, with its
@@ -367,8 +420,11 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     if recipe.loss_chunks > 1:
         saved = head_inputs + e * tokens * v_local + 4.0 * tokens
         return saved, 4.0 * tokens * v_local / recipe.loss_chunks
-    saved = head_inputs + e * tokens * v_local + 4.0 * tokens * v_local
-    transient = 4.0 * tokens * v_local
+    # Eager cross-entropy on the FP32 logits: log_softmax saves its FP32 output; the 16-bit logits
+    # and their FP32 copy are forward transients. The backward starts with two FP32 b·s·V/t
+    # tensors alive at once (nll_loss's gradient, then log_softmax's), as traced.
+    saved = head_inputs + 4.0 * tokens + 4.0 * tokens * v_local + 8.0 * tokens  # + rstd, + int64 labels
+    transient = 8.0 * tokens * v_local
     return saved, transient
 
 
@@ -416,6 +472,7 @@ class _States:
     host: float
     optimizer_temp: float
     gather: float
+    reduce: float
     trainable: int
     paged: float = 0.0
     step_in_backward: float = 0.0  # per-parameter optimizer-step temporary inside the backward phase
@@ -462,6 +519,17 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         trainable = dev.total
 
     grads = wb * shard(trained_dense, trained_exp, 2)
+    # ZeRO-3 as FSDP2 ``fully_shard`` with MixedPrecisionPolicy(param_dtype=bf16,
+    # reduce_dtype=fp32): the sharded parameters are FP32 and are the master copy, gradients are
+    # reduce-scattered into FP32 shards — 4 + 4 + 8 bytes per parameter instead of ZeRO's
+    # 2 + 2 + 12 (same 16 in total; torch/distributed/fsdp/_fully_shard/_fsdp_param.py).
+    # Under CPU offload the ZeRO-Offload layout applies instead (16-bit weights on the device,
+    # the FP32 master on the host).
+    fsdp2_master = z == 3 and recipe.keeps_master_weights and recipe.offload == "none"
+    if fsdp2_master:
+        trained_shard = shard(trained_dense, trained_exp, 3)
+        weights += (4.0 - wb) * trained_shard
+        grads = 4.0 * trained_shard
     largest = float(_largest_trained_param(model, recipe, layout, dev))
     if z >= 2:
         largest /= g_dense
@@ -477,10 +545,19 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         opt_states = BYTES_PER_ELEMENT[recipe.optimizer_state_dtype] * (factored / (g_dense if z >= 1 else 1))
     else:
         opt_states = opt_b * n_opt
-    master = master_b * n_opt
+    master = 0.0 if fsdp2_master else master_b * n_opt
     optimizer = opt_states + master
-    # foreach AdamW/Lion/SGD-momentum keeps one FP32 temporary of the local shard size during step()
-    optimizer_temp = 4.0 * n_opt if recipe.optimizer not in ("sgd",) else 0.0
+    # Step temporaries (traced): a foreach AdamW/Lion/SGD-momentum step allocates one buffer of the
+    # local shard in the state dtype (``torch._foreach_sqrt`` of the second moment in
+    # torch/optim/adamw.py); with a separate FP32 master the 16-bit gradients are also cast to an
+    # FP32 copy first: 8 bytes per parameter. bitsandbytes' 8-bit kernels update in place.
+    state_b = BYTES_PER_ELEMENT[recipe.optimizer_state_dtype]
+    if recipe.optimizer in ("sgd", "adamw-8bit"):
+        optimizer_temp = 0.0
+    elif master > 0.0:
+        optimizer_temp = 8.0 * n_opt
+    else:
+        optimizer_temp = state_b * n_opt
     paged = 0.0
     if recipe.paged_optimizer:
         # bitsandbytes allocates paged states with cudaMallocManaged (unified memory) and updates
@@ -508,7 +585,7 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             host += weights
             weights = 0.0
 
-    gather = 0.0
+    gather = reduce = 0.0
     if z == 3:
         # FSDP/ZeRO-3 gathers the current layer and prefetches the next (2 layers unsharded),
         # and holds one layer's unsharded gradient before its reduce-scatter.
@@ -522,7 +599,10 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             n_lin = dev.dense_linear + dev.expert_linear
             quant_per_param = (quant * (g_dense if z >= 3 else 1)) / n_lin if n_lin else 0.0
             layer_weight_bytes = (0.5 + quant_per_param) * layer
-        gather = 2 * layer_weight_bytes + (0.0 if recipe.is_peft else wb * layer)
+        gather = 2 * layer_weight_bytes
+        if not recipe.is_peft:
+            # one layer's unsharded 16-bit gradient and its FP32 copy for the FP32 reduce-scatter
+            reduce = (wb + (4.0 if fsdp2_master else 0.0)) * layer
     return _States(
         weights=weights,
         gradients=grads,
@@ -532,6 +612,7 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         host=host,
         optimizer_temp=optimizer_temp,
         gather=gather,
+        reduce=reduce,
         trainable=trainable,
         paged=paged,
         step_in_backward=step_in_backward,
@@ -579,39 +660,36 @@ def _stage_breakdown(
             full = layer_activations(model, replace(recipe, recompute="none"), layout, i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)
     if stage == 0:
-        e = activation_bytes_per_element(recipe)
-        sp_div = layout.tp if layout.sequence_parallel else 1
-        act_terms["embedding_output"] = (
-            inflight * e * recipe.micro_batch * (recipe.seq_len // layout.cp) * (model.hidden_size / sp_div)
-        )
+        # int64 token ids of every in-flight micro-batch, and the RoPE cos/sin tables (s × d each,
+        # shared by all layers and micro-batches). The embedding output is layer 0's norm input.
+        s_local = recipe.seq_len // layout.cp
+        inputs = inflight * 8.0 * recipe.micro_batch * s_local
+        if model.position == "rope":
+            inputs += 2 * activation_bytes_per_element(recipe) * s_local * model.head_dim
+        act_terms["inputs"] = inputs
     logits_saved, logits_transient = (0.0, 0.0)
     if stage == layout.pp - 1:
         logits_saved, logits_transient = logits_bytes(model, recipe, layout)
-    activations = sum(act_terms.values())
-    transient = max(logits_transient, largest_layer_full, st.step_in_backward)
-    backward = activations + logits_saved + st.gather + transient
-    phase = "backward" if backward >= st.optimizer_temp else "optimizer step"
-    peak_live = (
-        st.weights + st.gradients + st.optimizer + st.quant_constants + max(backward, st.optimizer_temp)
-    )
     return MemoryBreakdown(
         weights_bytes=st.weights,
         gradients_bytes=st.gradients,
         optimizer_bytes=st.optimizer,
         master_weights_bytes=st.master,
         quant_constants_bytes=st.quant_constants,
-        activations_bytes=activations,
+        activations_bytes=sum(act_terms.values()),
         logits_bytes=logits_saved,
         gather_buffers_bytes=st.gather,
-        transient_bytes=transient,
+        transient_bytes=max(logits_transient, largest_layer_full, st.step_in_backward, st.reduce),
+        reduce_buffers_bytes=st.reduce,
         optimizer_temporaries_bytes=st.optimizer_temp,
         comm_buffers_bytes=0.0,
         cuda_context_bytes=CUDA_CONTEXT_BYTES,
-        fragmentation_bytes=FRAGMENTATION_FRACTION * peak_live,
         capacity_bytes=capacity_bytes,
         host_bytes=st.host,
         stage=stage,
-        peak_phase=phase,
+        # Gradients accumulate across micro-batches: from the second one on they are alive when a
+        # backward starts (1F1B stages run backwards while later forwards are in flight).
+        grads_live_at_backward_start=num_microbatches > 1 or recipe.optimizer_in_backward,
         params_on_device=dev.total,
         trainable_params_on_device=st.trainable,
         activation_terms=act_terms,
