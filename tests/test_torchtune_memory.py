@@ -15,7 +15,6 @@ from trainplan.validate.torchtune_memory import (
     RowComparison,
     comparisons,
     markdown_explained,
-    markdown_explained,
     markdown_table,
     text_table,
 )
