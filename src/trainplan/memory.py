@@ -323,6 +323,8 @@ def layer_activations(
         k = moe.top_k
         routed_tokens = tokens * k  # balanced routing: each rank processes b·s·K token-expert pairs
         terms["router_probs"] = 4.0 * tokens * moe.num_experts
+        # top-k indices and the dispatch sort order (int64 each) and the selected FP32 scores
+        terms["routing_indices"] = (8.0 + 8.0 + 4.0) * routed_tokens
         terms["expert_inputs"] = e * routed_tokens * h
         terms.update(
             _mlp_terms(model, routed_tokens, moe.expert_ffn_hidden / t, e, "expert_", down_trained=down)
@@ -416,7 +418,9 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     e = activation_bytes_per_element(recipe)
     sp_div = t if layout.sequence_parallel else 1
     v_local = model.vocab_size / t
-    head_inputs = 2 * e * tokens * model.hidden_size / sp_div
+    # The final norm saves its input; the LM head saves its input only when its weight is trained
+    # (a frozen head under LoRA/QLoRA needs only its weight for the input gradient).
+    head_inputs = (1 if recipe.is_peft else 2) * e * tokens * model.hidden_size / sp_div
     if recipe.loss_chunks > 1:
         saved = head_inputs + e * tokens * v_local + 4.0 * tokens
         return saved, 4.0 * tokens * v_local / recipe.loss_chunks
@@ -474,6 +478,7 @@ class _States:
     gather: float
     reduce: float
     trainable: int
+    reduce_head: float = 0.0
     paged: float = 0.0
     step_in_backward: float = 0.0  # per-parameter optimizer-step temporary inside the backward phase
 
@@ -585,10 +590,11 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             host += weights
             weights = 0.0
 
-    gather = reduce = 0.0
+    gather = reduce = reduce_head = 0.0
     if z == 3:
-        # FSDP/ZeRO-3 gathers the current layer and prefetches the next (2 layers unsharded),
-        # and holds one layer's unsharded gradient before its reduce-scatter.
+        # FSDP/ZeRO-3 (torchtitan/torchtune wrap each block, the embedding and the norm + LM head as
+        # units): the unit in use and the prefetched next one are unsharded, and a unit's unsharded
+        # gradient (with its FP32 copy under reduce_dtype=fp32) lives until its reduce-scatter.
         layer = float(dev.largest_layer_unsharded)
         layer_weight_bytes = wb * layer
         if recipe.method == "qlora":
@@ -599,10 +605,17 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             n_lin = dev.dense_linear + dev.expert_linear
             quant_per_param = (quant * (g_dense if z >= 3 else 1)) / n_lin if n_lin else 0.0
             layer_weight_bytes = (0.5 + quant_per_param) * layer
-        gather = 2 * layer_weight_bytes
+        vocab_unit = float(-(-model.vocab_size // layout.tp) * model.hidden_size)
+        has_head = dev.stage == layout.pp - 1
+        has_vocab_unit = dev.stage == 0 or has_head
+        unit_bytes = max(layer_weight_bytes, wb * vocab_unit if has_vocab_unit else 0.0)
+        gather = unit_bytes + layer_weight_bytes
+        grad_b = wb + (4.0 if fsdp2_master else 0.0)
         if not recipe.is_peft:
             # one layer's unsharded 16-bit gradient and its FP32 copy for the FP32 reduce-scatter
-            reduce = (wb + (4.0 if fsdp2_master else 0.0)) * layer
+            reduce = grad_b * layer
+            if has_head:
+                reduce_head = grad_b * vocab_unit
     return _States(
         weights=weights,
         gradients=grads,
@@ -613,6 +626,7 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         optimizer_temp=optimizer_temp,
         gather=gather,
         reduce=reduce,
+        reduce_head=reduce_head,
         trainable=trainable,
         paged=paged,
         step_in_backward=step_in_backward,
@@ -679,7 +693,15 @@ def _stage_breakdown(
         activations_bytes=sum(act_terms.values()),
         logits_bytes=logits_saved,
         gather_buffers_bytes=st.gather,
-        transient_bytes=max(logits_transient, largest_layer_full, st.step_in_backward, st.reduce),
+        # The LM head's backward runs while the FP32 logits gradient (half of the loss transient) is
+        # alive, and under ZeRO-3 produces the head's unsharded gradient and its reduce copy.
+        transient_bytes=max(
+            logits_transient,
+            logits_transient / 2 + st.reduce_head,
+            largest_layer_full,
+            st.step_in_backward,
+            st.reduce,
+        ),
         reduce_buffers_bytes=st.reduce,
         optimizer_temporaries_bytes=st.optimizer_temp,
         comm_buffers_bytes=0.0,

@@ -69,12 +69,12 @@ def compare_memory(mem: Any, tr: Any) -> list[TermRow]:
         ),
         TermRow(
             "backward_phase_peak",
-            float(mem.model_states_bytes + mem.comm_buffers_bytes + mem.backward_phase_bytes),
+            float(max(mem.phase_bytes("backward start"), mem.phase_bytes("backward end"))),
             float(max(fwd, bwd)),
         ),
         TermRow(
             "optimizer_phase_peak",
-            float(mem.model_states_bytes + mem.comm_buffers_bytes + mem.optimizer_temporaries_bytes),
+            float(mem.phase_bytes("optimizer step")),
             float(tr.phase_peaks_bytes.get("optimizer", 0)),
         ),
         TermRow("peak", float(mem.peak_bytes), float(tr.peak_bytes)),

@@ -27,6 +27,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from trainplan.layout import Layout
@@ -358,6 +359,22 @@ def text_table(items: Sequence[RowComparison]) -> str:
     return "\n".join(lines)
 
 
+def _replace_block(text: str, name: str, body: str) -> str:
+    start, end = f"<!-- {name}:start -->\n", f"\n<!-- {name}:end -->"
+    i, j = text.index(start) + len(start), text.index(end)
+    return text[:i] + body + text[j:]
+
+
+def write_docs(path: Path, items: Sequence[RowComparison]) -> None:
+    """Regenerate the torchtune table and the explained-rows list inside their markers."""
+    text = path.read_text(encoding="utf-8")
+    text = _replace_block(text, "torchtune-table", markdown_table(items))
+    text = _replace_block(
+        text, "torchtune-explained", "**Rows outside 15%**, and why:\n\n" + markdown_explained(items)
+    )
+    path.write_text(text, encoding="utf-8")
+
+
 def markdown_explained(items: Sequence[RowComparison]) -> str:
     """The "rows outside the bound" list of docs/memory.md, errors computed, reasons from EXPLAINED."""
     lines = []
@@ -386,8 +403,12 @@ def markdown_table(items: Sequence[RowComparison]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="torchtune README peak memory vs trainplan")
     parser.add_argument("--markdown", action="store_true", help="print the docs/memory.md table")
+    parser.add_argument("--write-docs", metavar="PATH", help="regenerate the marked blocks of docs/memory.md")
     args = parser.parse_args(argv)
     items = comparisons()
+    if args.write_docs:
+        write_docs(Path(args.write_docs), items)
+        return 0
     if args.markdown:
         sys.stdout.write(markdown_table(items) + "\n\n**Rows outside 15%**, and why:\n\n" + markdown_explained(items) + "\n")
     else:

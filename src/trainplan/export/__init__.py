@@ -1,0 +1,71 @@
+"""Exports: a plan written as a real training engine's own configuration.
+
+``export_plan(target, system, model, recipe, layout)`` returns the text of the target's file.
+A plan setting that the target cannot express raises :class:`trainplan.errors.TrainplanError`
+naming the field; settings that live outside the file (in the training script) come back as
+warnings. Targets and pinned schemas:
+
+========== ============================================ =================================
+target     what is written                              schema
+========== ============================================ =================================
+torchtitan job config TOML                              torchtitan 0.2.2
+deepspeed  ``ds_config.json``                           DeepSpeed 0.19.8
+accelerate ``accelerate launch --config_file`` YAML     Accelerate 1.15.0
+torchrun   shell command: torchrun + torchtitan flags   torch 2.13, torchtitan 0.2.2
+========== ============================================ =================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from trainplan.errors import TrainplanError
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import Recipe
+
+__all__ = ["TARGETS", "ExportResult", "export_plan"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportResult:
+    """The exported file: its ``text``, a suggested ``filename``, and ``warnings`` about settings
+    that the training script must supply (never settings that were dropped)."""
+
+    target: str
+    text: str
+    filename: str
+    warnings: tuple[str, ...] = ()
+
+
+Renderer = Callable[[System, ModelSpec, Recipe, Layout], tuple[str, tuple[str, ...]]]
+
+
+def _renderers() -> dict[str, tuple[Renderer, str]]:
+    from trainplan.export import accelerate, deepspeed, torchrun, torchtitan
+
+    return {
+        "torchtitan": (torchtitan.render, "torchtitan.toml"),
+        "deepspeed": (deepspeed.render, "ds_config.json"),
+        "accelerate": (accelerate.render, "accelerate_config.yaml"),
+        "torchrun": (torchrun.render, "launch.sh"),
+    }
+
+
+TARGETS: Final = ("torchtitan", "deepspeed", "accelerate", "torchrun")
+
+
+def export_plan(
+    target: str, system: System, model: ModelSpec, recipe: Recipe, layout: Layout
+) -> ExportResult:
+    """Write the plan as ``target``'s configuration; raise :class:`TrainplanError` naming the field
+    the target cannot express."""
+    renderers = _renderers()
+    if target not in renderers:
+        raise TrainplanError("to", f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
+    render, filename = renderers[target]
+    text, warnings = render(system, model, recipe, layout)
+    return ExportResult(target=target, text=text, filename=filename, warnings=warnings)

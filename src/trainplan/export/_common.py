@@ -1,0 +1,71 @@
+"""What every exporter needs from a plan: validated degrees, batch arithmetic and node shape.
+
+All exporters start from :func:`plan_facts`, which runs the same checks as ``estimate`` (the
+layout against the model, the batch against the layout, the device count against the system)
+so an export never writes a configuration that trainplan itself would reject.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainplan.errors import TrainplanError
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import Recipe
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanFacts:
+    """Numbers derived once from (system, model, recipe, layout) and shared by every target.
+
+    ``micro_batches`` is the number of micro-batches each pipeline (or, without pipelining, each
+    data-parallel rank) runs per optimizer step: ``global_batch / (dp · micro_batch)``.
+    """
+
+    num_devices: int
+    num_nodes: int
+    nproc_per_node: int
+    micro_batch: int
+    micro_batches: int
+    global_batch: int
+
+
+def plan_facts(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> PlanFacts:
+    """Validate the plan and derive the launch shape; raise :class:`TrainplanError` naming the field."""
+    if layout.num_devices != system.num_devices:
+        raise TrainplanError(
+            "devices",
+            f"the layout uses dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = "
+            f"{layout.num_devices} devices but the system has {system.num_devices}",
+        )
+    layout.check_model(model)
+    micro_batches = layout.check_batch(
+        seq_len=recipe.seq_len, micro_batch=recipe.micro_batch, global_batch=recipe.global_batch
+    )
+    global_batch = layout.dp * recipe.micro_batch * micro_batches
+    per_node = system.devices_per_node
+    if system.num_devices <= per_node:
+        nodes, nproc = 1, system.num_devices
+    else:
+        if system.num_devices % per_node != 0:
+            raise TrainplanError(
+                "devices",
+                f"{system.num_devices} devices do not fill whole nodes of {per_node}; launchers start the "
+                f"same number of processes on every node, so use a multiple of {per_node}",
+            )
+        nodes, nproc = system.num_devices // per_node, per_node
+    return PlanFacts(
+        num_devices=system.num_devices,
+        num_nodes=nodes,
+        nproc_per_node=nproc,
+        micro_batch=recipe.micro_batch,
+        micro_batches=micro_batches,
+        global_batch=global_batch,
+    )
+
+
+def unsupported(target: str, field: str, what: str, hint: str) -> TrainplanError:
+    """The error for a plan setting a target cannot express: names the field, the target and a way out."""
+    return TrainplanError(field, f"{target} cannot express {what}; {hint}")

@@ -1,0 +1,439 @@
+"""torchtitan job configuration (TOML) for a plan.
+
+Schema: torchtitan 0.2.2 (PyPI ``torchtitan==0.2.2``, the last release whose trainer reads a TOML
+job config; 0.3 replaced it with Python config registries). Every key written here is a field
+of ``torchtitan/config/job_config.py`` in that release, read by
+``torchtitan/config/manager.py::ConfigManager.parse_args(["--job.config_file", PATH])``, which
+rejects unknown keys. The keys and where torchtitan uses them:
+
+``[model]`` ``name``, ``flavor``
+    ``job_config.Model``; the flavor tables are ``torchtitan/models/llama3/__init__.py``
+    (``llama3_args``) and ``torchtitan/models/qwen3/__init__.py`` (``qwen3_args``). torchtitan
+    builds models only from registered flavors, so the plan's architecture must match one.
+``[model]`` ``converters``
+    ``"quantize.linear.float8"`` / ``"quantize.linear.mx"``, registered in
+    ``torchtitan/components/quantization/float8.py`` and ``mx.py``.
+``[training]`` ``local_batch_size``, ``global_batch_size``, ``seq_len``, ``dtype``,
+``mixed_precision_param``, ``enable_cpu_offload``
+    ``job_config.Training``. ``torchtitan/train.py`` derives gradient accumulation as
+    ``global_batch_size // (local_batch_size · dp_replicate · dp_shard)``.
+``[parallelism]`` ``data_parallel_replicate_degree``, ``data_parallel_shard_degree``,
+``fsdp_reshard_after_forward``, ``tensor_parallel_degree``, ``disable_loss_parallel``,
+``pipeline_parallel_degree``, ``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size``,
+``pipeline_parallel_layers_per_stage``, ``pipeline_parallel_first_stage_less_layers``,
+``pipeline_parallel_last_stage_less_layers``, ``context_parallel_degree``, ``expert_parallel_degree``,
+``expert_tensor_parallel_degree``
+    ``job_config.Parallelism``; checked against the world size by
+    ``torchtitan/distributed/parallel_dims.py::ParallelDims``. Schedule names are those of
+    ``torch.distributed.pipelining.schedules.get_schedule_class``; stage counts follow
+    ``torchtitan/distributed/pipeline_parallel.py::pipeline_llm``.
+``[activation_checkpoint]`` ``mode``, ``selective_ac_option``
+    ``job_config.ActivationCheckpoint``.
+``[compile]`` ``enable``, ``components``
+    ``job_config.Compile``.
+``[quantize.linear.float8]`` ``recipe_name``, ``enable_fsdp_float8_all_gather``,
+``precompute_float8_dynamic_scale_for_fsdp``; ``[quantize.linear.mx]`` ``recipe_name``
+    ``job_config.Float8Linear`` / ``job_config.MXLinear`` (recipes of torchao's
+    ``Float8LinearConfig.from_recipe_name`` / ``MXLinearConfig.from_recipe_name``).
+``[optimizer]`` ``name``, ``early_step_in_backward``
+    ``job_config.Optimizer``; names of ``torchtitan/components/optimizer.py::build_optimizers``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from trainplan.export._common import PlanFacts, plan_facts, unsupported
+from trainplan.export._text import to_toml
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import Recipe
+
+VERSION: Final = "0.2.2"
+TARGET: Final = f"torchtitan {VERSION}"
+
+Config = dict[str, dict[str, object]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flavor:
+    """One registered torchtitan model flavor and the dimensions it builds."""
+
+    module: str
+    flavor: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden: int  # dense MLP width (unused by all-MoE flavors: 0 = not compared)
+    vocab_size: int
+    num_experts: int = 0
+    top_k: int = 0
+    expert_ffn_hidden: int = 0
+
+
+def _llama3_ffn(dim: int, multiple_of: int, multiplier: float) -> int:
+    """SwiGLU width of ``torchtitan/models/llama3/model/model.py::FeedForward``:
+    ``int(2·4·dim/3)``, times ``ffn_dim_multiplier``, rounded up to ``multiple_of``."""
+    hidden = int(multiplier * int(2 * (4 * dim) / 3))
+    return multiple_of * math.ceil(hidden / multiple_of)
+
+
+# torchtitan 0.2.2 torchtitan/models/llama3/__init__.py (llama3_args; vocab_size default 128256
+# from torchtitan/models/llama3/model/args.py) and torchtitan/models/qwen3/__init__.py (qwen3_args).
+FLAVORS: Final[tuple[Flavor, ...]] = (
+    Flavor(
+        module="llama3",
+        flavor="8B",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        ffn_hidden=_llama3_ffn(4096, 1024, 1.3),
+        vocab_size=128256,
+    ),
+    Flavor(
+        module="llama3",
+        flavor="70B",
+        num_layers=80,
+        hidden_size=8192,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        ffn_hidden=_llama3_ffn(8192, 4096, 1.3),
+        vocab_size=128256,
+    ),
+    Flavor(
+        module="llama3",
+        flavor="405B",
+        num_layers=126,
+        hidden_size=16384,
+        num_heads=128,
+        num_kv_heads=8,
+        head_dim=128,
+        ffn_hidden=_llama3_ffn(16384, 4096, 1.2),
+        vocab_size=128256,
+    ),
+    *(
+        Flavor(
+            module="qwen3",
+            flavor=name,
+            num_layers=layers,
+            hidden_size=dim,
+            num_heads=heads,
+            num_kv_heads=8,
+            head_dim=128,
+            ffn_hidden=ffn,
+            vocab_size=151936,
+        )
+        for name, layers, dim, heads, ffn in (
+            ("0.6B", 28, 1024, 16, 3072),
+            ("1.7B", 28, 2048, 16, 6144),
+            ("4B", 36, 2560, 32, 9728),
+            ("8B", 36, 4096, 32, 12288),
+            ("14B", 40, 5120, 40, 17408),
+            ("32B", 64, 5120, 64, 25600),
+        )
+    ),
+    Flavor(
+        module="qwen3",
+        flavor="30B-A3B",
+        num_layers=48,
+        hidden_size=2048,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        ffn_hidden=0,
+        vocab_size=151936,
+        num_experts=128,
+        top_k=8,
+        expert_ffn_hidden=768,
+    ),
+    Flavor(
+        module="qwen3",
+        flavor="235B-A22B",
+        num_layers=94,
+        hidden_size=4096,
+        num_heads=64,
+        num_kv_heads=4,
+        head_dim=128,
+        ffn_hidden=0,
+        vocab_size=151936,
+        num_experts=128,
+        top_k=8,
+        expert_ffn_hidden=1536,
+    ),
+)
+
+
+def _matches(f: Flavor, m: ModelSpec) -> bool:
+    dims = (m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.vocab_size)
+    if dims != (f.num_layers, f.hidden_size, f.num_heads, f.num_kv_heads, f.head_dim, f.vocab_size):
+        return False
+    if f.num_experts == 0:
+        return m.moe is None and m.ffn_hidden == f.ffn_hidden
+    return m.moe is not None and (m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_hidden) == (
+        f.num_experts,
+        f.top_k,
+        f.expert_ffn_hidden,
+    )
+
+
+def find_flavor(model: ModelSpec) -> Flavor:
+    """The registered flavor with exactly the model's dimensions, else an error listing them."""
+    for f in FLAVORS:
+        if _matches(f, model):
+            return f
+    known = ", ".join(f"{f.module}/{f.flavor}" for f in FLAVORS)
+    raise unsupported(
+        TARGET,
+        "model",
+        f"{model.name}: its job config names a registered flavor and none has these dimensions",
+        f"registered flavors are {known}; register a flavor for this architecture "
+        "(job.custom_config_module) or export to deepspeed/accelerate",
+    )
+
+
+_SCHEDULES: Final = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+
+
+def _layers_per_stage(num_layers: int, stages: int) -> tuple[int, int] | None:
+    """``(layers_per_stage, edge_weight)`` giving exactly ``stages`` stages in ``pipeline_llm``:
+    ``ceil((L + 2·edge_weight) / layers_per_stage) == stages``, trying torchtitan's default
+    first/last-stage weight of 1 (embedding and output count as a layer each), then 0."""
+    for weight in (1, 0):
+        for lps in range(1, num_layers + 3):
+            if math.ceil((num_layers + 2 * weight) / lps) == stages:
+                return lps, weight
+    return None
+
+
+def build_config(
+    system: System, model: ModelSpec, recipe: Recipe, layout: Layout
+) -> tuple[Config, PlanFacts, tuple[str, ...]]:
+    """The job config as nested tables, the plan facts, and warnings."""
+    facts = plan_facts(system, model, recipe, layout)
+    warnings: list[str] = []
+    flavor = find_flavor(model)
+
+    if recipe.method not in ("pretrain", "full"):
+        raise unsupported(
+            TARGET,
+            "method",
+            f"method {recipe.method!r} (its trainer updates all weights of one model with a "
+            "next-token loss: no LoRA/QLoRA adapters, no preference or RL objectives)",
+            "export to deepspeed or accelerate and apply PEFT/TRL in the training script",
+        )
+    if recipe.attention != "flash":
+        raise unsupported(
+            TARGET,
+            "attention",
+            "eager attention (its models call SDPA/flex attention kernels)",
+            "plan with --attention flash",
+        )
+    if recipe.dropout:
+        raise unsupported(TARGET, "dropout", "dropout (its models have none)", "plan with --dropout 0")
+    if recipe.loss_chunks != 1:
+        raise unsupported(TARGET, "loss_chunks", "chunked cross-entropy", "plan with --loss-chunks 1")
+    if recipe.paged_optimizer:
+        raise unsupported(
+            TARGET, "paged_optimizer", "bitsandbytes paged optimizers", "drop --paged-optimizer"
+        )
+    optimizer = {"adamw": "AdamW"}.get(recipe.optimizer)
+    if optimizer is None:
+        raise unsupported(
+            TARGET,
+            "optimizer",
+            f"optimizer {recipe.optimizer!r} (build_optimizers knows Adam and AdamW)",
+            "plan with --optimizer adamw",
+        )
+
+    # -- data parallelism: FSDP2 shards over dp_shard·cp; DDP replicates over dp_replicate.
+    if layout.zero == 1:
+        raise unsupported(
+            TARGET,
+            "zero",
+            "ZeRO-1 (FSDP2 shards gradients with the optimizer states)",
+            "plan with --zero 2 (fsdp_reshard_after_forward = never) or --zero 3",
+        )
+    if layout.zero == 0:
+        replicate, shard = layout.dp, 1
+        if layout.cp > 1:
+            warnings.append(
+                f"torchtitan applies FSDP over the context-parallel group (cp={layout.cp}) even without "
+                "ZeRO, so model states are sharded cp ways where the plan replicates them"
+            )
+    else:
+        replicate, shard = 1, layout.dp
+    parallelism: dict[str, object] = {
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
+        "fsdp_reshard_after_forward": "never" if layout.zero == 2 else "default",
+        "tensor_parallel_degree": layout.tp,
+        "context_parallel_degree": layout.cp,
+        "pipeline_parallel_degree": layout.pp,
+        "expert_parallel_degree": layout.ep,
+        "expert_tensor_parallel_degree": layout.tp if layout.ep > 1 else 1,
+    }
+    if layout.tp > 1 and not layout.sequence_parallel:
+        raise unsupported(
+            TARGET,
+            "sequence_parallel",
+            "tensor parallelism without sequence parallelism (its TP plans always shard norms "
+            "along the sequence)",
+            "plan with --sequence-parallel",
+        )
+    if layout.ep > 1 and layout.ep > layout.dp * layout.cp:
+        raise unsupported(TARGET, "ep", f"ep={layout.ep} > dp·cp", "lower ep")
+
+    # -- batch: without PP the micro-batches are gradient-accumulation steps; with PP they are the
+    # pipeline's micro-batches inside one local batch.
+    training: dict[str, object] = {"seq_len": recipe.seq_len, "global_batch_size": facts.global_batch}
+    if layout.pp > 1:
+        if layout.pp_schedule == "zb":
+            raise unsupported(
+                TARGET,
+                "pp_schedule",
+                "a zero-bubble schedule with one stage per rank (torch's zero-bubble schedules, "
+                "InterleavedZeroBubble and ZBVZeroBubble, need 2 or more stages per rank)",
+                "plan with --pp-schedule interleaved --virtual-stages 2, or 1f1b",
+            )
+        training["local_batch_size"] = recipe.micro_batch * facts.micro_batches
+        parallelism["pipeline_parallel_schedule"] = _SCHEDULES[layout.pp_schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = recipe.micro_batch
+        if layout.pp_schedule == "interleaved" and layout.virtual_stages != 2:
+            lps = _layers_per_stage(model.num_layers, layout.pp * layout.virtual_stages)
+            if lps is None:
+                raise unsupported(
+                    TARGET,
+                    "virtual_stages",
+                    f"{layout.pp}·{layout.virtual_stages} stages of {model.num_layers} layers "
+                    "(no pipeline_parallel_layers_per_stage gives that many)",
+                    "choose another --virtual-stages",
+                )
+            parallelism["pipeline_parallel_layers_per_stage"] = lps[0]
+            if lps[1] != 1:
+                parallelism["pipeline_parallel_first_stage_less_layers"] = lps[1]
+                parallelism["pipeline_parallel_last_stage_less_layers"] = lps[1]
+    else:
+        training["local_batch_size"] = recipe.micro_batch
+
+    # -- precision
+    if recipe.precision == "fp16":
+        raise unsupported(
+            TARGET, "precision", "fp16 (training dtypes are bfloat16 and float32)", "plan with bf16"
+        )
+    if recipe.precision == "fp32":
+        training["mixed_precision_param"] = "float32"
+    else:
+        training["mixed_precision_param"] = "bfloat16"
+    if not recipe.master_weights:
+        if recipe.precision != "bf16":
+            raise unsupported(
+                TARGET,
+                "master_weights",
+                f"pure 16-bit training with precision {recipe.precision}",
+                "plan pure 16-bit training with --precision bf16",
+            )
+        training["dtype"] = "bfloat16"
+    else:
+        training["dtype"] = "float32"
+
+    if recipe.offload == "optimizer+params":
+        if layout.zero != 3:
+            raise unsupported(TARGET, "offload", "CPU offload without FSDP sharding", "plan with --zero 3")
+        training["enable_cpu_offload"] = True
+    elif recipe.offload == "optimizer":
+        raise unsupported(
+            TARGET,
+            "offload",
+            "offloading only the optimizer (FSDP2 CPU offload moves parameters, gradients and "
+            "optimizer states together)",
+            "plan with --offload optimizer+params or none",
+        )
+
+    config: Config = {
+        "job": {
+            "description": f"trainplan: {model.name} on {system.num_devices} x {system.accelerator.name}"
+        },
+        "model": {"name": flavor.module, "flavor": flavor.flavor},
+        "optimizer": {"name": optimizer, "early_step_in_backward": recipe.optimizer_in_backward},
+        "training": training,
+        "parallelism": parallelism,
+        "activation_checkpoint": {"mode": recipe.recompute},
+        "compile": {"enable": recipe.precision in ("fp8", "fp4"), "components": ["model", "loss"]},
+    }
+    if recipe.recompute == "selective":
+        config["activation_checkpoint"]["selective_ac_option"] = "op"
+        warnings.append(
+            "recompute selective -> torchtitan per-op selective checkpointing (saves every other "
+            "matmul output), not the plan's attention-only recompute; its memory differs"
+        )
+    if recipe.precision == "fp8":
+        fsdp = shard * layout.cp > 1
+        config["model"]["converters"] = ["quantize.linear.float8"]
+        config["quantize.linear.float8"] = {
+            "recipe_name": "tensorwise",
+            "enable_fsdp_float8_all_gather": fsdp,
+            "precompute_float8_dynamic_scale_for_fsdp": fsdp,
+        }
+        if model.moe is not None:
+            warnings.append("fp8 covers nn.Linear layers; the experts' grouped GEMMs stay in bf16")
+    elif recipe.precision == "fp4":
+        config["model"]["converters"] = ["quantize.linear.mx"]
+        config["quantize.linear.mx"] = {"recipe_name": "mxfp4_cutlass"}
+        warnings.append("fp4 -> MX recipe mxfp4_cutlass (torchao prototype; needs Blackwell-class GPUs)")
+    return _nest(config), facts, tuple(warnings)
+
+
+def _nest(config: Config) -> Config:
+    """Turn dotted table names (``quantize.linear.float8``) into nested tables."""
+    out: dict[str, dict[str, object]] = {}
+    for name, table in config.items():
+        head, *rest = name.split(".")
+        node: dict[str, object] = out.setdefault(head, {})
+        for part in rest:
+            child = node.setdefault(part, {})
+            assert isinstance(child, dict)
+            node = child
+        node.update(table)
+    return out
+
+
+def render(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[str, tuple[str, ...]]:
+    config, facts, warnings = build_config(system, model, recipe, layout)
+    header = (
+        f"torchtitan {VERSION} job config written by trainplan",
+        f"{model.name}, {recipe.method}, {recipe.precision}, layout {layout.describe()}",
+        f"launch on {facts.num_nodes} node(s) x {facts.nproc_per_node} process(es): "
+        f"torchrun --nnodes {facts.num_nodes} --nproc-per-node {facts.nproc_per_node} "
+        "-m torchtitan.train --job.config_file THIS_FILE",
+    )
+    return to_toml(config, header=header), warnings
+
+
+def cli_overrides(config: Config) -> list[str]:
+    """The same settings as ``--section.key value`` flags of torchtitan's ``ConfigManager`` (tyro)."""
+    args: list[str] = []
+
+    def walk(table: dict[str, object], path: tuple[str, ...]) -> None:
+        for key, value in table.items():
+            if isinstance(value, dict):
+                walk(value, (*path, key))
+                continue
+            flag = "--" + ".".join((*path, key))
+            if isinstance(value, bool):
+                # tyro spells a false boolean as --section.no-key / --section.no_key.
+                args.append(flag if value else "--" + ".".join((*path, "no_" + key)))
+            elif isinstance(value, list):
+                args.extend([flag, ",".join(str(v) for v in value)])
+            else:
+                args.extend([flag, str(value)])
+
+    walk(dict(config), ())
+    return args
