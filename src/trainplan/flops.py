@@ -564,9 +564,17 @@ def _layer_passes(
     forward = PassCost(gemm_flops=fwd_gemm, attention_flops=attn_fwd, memory_bytes=mem(fwd_mem))
 
     base_bwd_factor = 1.0 if lora is not None else 2.0  # frozen base: dX only
+    # With a frozen embedding the first layer's input needs no gradient: autograd skips the input
+    # gradients of the linears that read it (q, k, v and their adapters' A matrices), as traced.
+    skipped_dx = 0.0
+    if lora is not None and i == 0:
+        skipped_dx = fl.qkv_proj / tpcp
+        h_in = spec.hidden_size
+        n_qkv = sum(1 for t in ("q", "k", "v") if t in lora.targets)
+        skipped_dx += n_qkv * 2.0 * b * s * lora.rank * h_in / tpcp
     flash_recompute = fl.attn_scores / tpcp if recipe.attention == "flash" else 0.0
     backward = PassCost(
-        gemm_flops=base_bwd_factor * weights_fwd + 2.0 * adapter_fwd,
+        gemm_flops=base_bwd_factor * weights_fwd + 2.0 * adapter_fwd - skipped_dx,
         attention_flops=2.0 * attn_fwd + flash_recompute,
         memory_bytes=mem(bwd_mem),
     )
@@ -601,9 +609,10 @@ def _sum_layers(
     """Sum of :func:`_layer_passes` over ``layers``: every dense layer costs the same, so does every MoE
     layer; each kind is computed once and multiplied by its count (keeps an estimate well under 1 ms).
     """
-    counts: dict[bool, tuple[int, int]] = {}
+    counts: dict[tuple[bool, bool], tuple[int, int]] = {}
     for i in layers:
-        kind = spec.is_moe_layer(i)
+        # (MoE?, the first layer under PEFT — its input needs no gradient, see _layer_passes)
+        kind = (spec.is_moe_layer(i), recipe.is_peft and i == 0)
         first, n = counts.get(kind, (i, 0))
         counts[kind] = (first, n + 1)
     cache = {} if cache is None else cache

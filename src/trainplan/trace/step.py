@@ -45,7 +45,7 @@ ATTENTION_OPS = (
 )
 
 
-class UnsupportedConfig(NotImplementedError):
+class UnsupportedConfig(ValueError):
     """A configuration the tracer cannot build; the message says why."""
 
 
