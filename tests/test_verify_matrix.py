@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the verification matrix needs the torch extra")
 
-from trainplan.trace.matrix import KNOWN_GAPS, RECOMPUTE_FLOPS_GAP, matrix, run_entry  # noqa: E402
+from trainplan.trace.matrix import KNOWN_GAPS, RECOMPUTE_FLOPS_GAP, matrix, run_entry
 
 pytestmark = pytest.mark.torch
 

@@ -233,8 +233,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(json.dumps(est.to_dict(), indent=2, sort_keys=True))
-        return 0
-    print(render_estimate(est, binary=args.gib))
+    else:
+        print(render_estimate(est, binary=args.gib))
+    if args.plot:
+        from trainplan.web.plots import save_plot
+
+        save_plot("estimate", est, args.plot)
     return 0
 
 
@@ -374,6 +378,78 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from trainplan.export import export_plan
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+    from trainplan.layout import Layout
+    from trainplan.models import load_model
+    from trainplan.recipe import Recipe
+
+    model = load_model(args.model)
+    acc = get_accelerator(args.hardware, args.hardware_file)
+    recipe = recipe_from_args(args)
+    layout = layout_from_args(args)
+    assert isinstance(recipe, Recipe) and isinstance(layout, Layout)
+    system = System(accelerator=acc, num_devices=args.devices)
+    result = export_plan(args.to, system, model, recipe, layout)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(result.text)
+        sys.stderr.write(f"trainplan: wrote {args.to} config to {args.output}\n")
+    else:
+        sys.stdout.write(result.text)
+        sys.stdout.flush()
+    for warning in result.warnings:
+        sys.stderr.write(f"trainplan: note: {warning}\n")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from trainplan.planner.command import run_plan
+
+    return run_plan(args)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from trainplan.planner.command import run_compare
+
+    return run_compare(args)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from trainplan.layout import Layout
+    from trainplan.models import load_model
+    from trainplan.recipe import Recipe
+
+    model = load_model(args.model)
+    recipe = recipe_from_args(args)
+    layout = layout_from_args(args)
+    assert isinstance(recipe, Recipe) and isinstance(layout, Layout)
+    if args.device != "fake":
+        raise TrainplanError(
+            "device",
+            f"--device {args.device}: on-device measurement runs real steps; use `trainplan run` "
+            "(it reports measured peak memory and step time beside the prediction)",
+        )
+    try:
+        from trainplan.trace.step import UnsupportedConfig
+        from trainplan.trace.verify import run_verify
+    except ImportError:
+        raise TrainplanError(
+            "verify", "tracing needs PyTorch: pip install torch==2.13.0 -e '.[torch]'"
+        ) from None
+    try:
+        result = run_verify(model, recipe, layout, world_size=layout.num_devices, depth=args.depth)
+    except UnsupportedConfig as err:
+        raise TrainplanError("layout", f"the tracer cannot build this configuration: {err}") from None
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(result.render())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="trainplan",
@@ -393,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cost_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
     p.add_argument("--gib", action="store_true", help="print sizes in GiB (2^30) instead of GB (10^9)")
+    p.add_argument("--plot", metavar="FILE", default=None, help="also save a plot (.png or .svg; needs trainplan[plot])")
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("hardware", help="the accelerator catalog")
@@ -415,9 +492,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
 
+    p = sub.add_parser("verify", help="trace a real PyTorch step under fake tensors; analytic vs traced")
+    p.add_argument("model", help="preset name or path to a Hugging Face config.json")
+    add_layout_arguments(p)
+    add_recipe_arguments(p)
+    p.add_argument("--depth", type=_positive_int, default=None, help="trace this many layers (default: all)")
+    p.add_argument(
+        "--device", choices=("fake", "cuda"), default="fake", help="fake: FakeTensorMode on CPU (exact, no memory)"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_verify)
+
     p = sub.add_parser("models", help="the model presets")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models)
+    p = sub.add_parser("export", help="write the plan as a training engine's config")
+    p.add_argument("model", help="preset name (see `trainplan models`) or path to a Hugging Face config.json")
+    p.add_argument("--hardware", required=True, help="accelerator name (see `trainplan hardware list`)")
+    add_hardware_file_argument(p)
+    add_layout_arguments(p)
+    add_recipe_arguments(p)
+    p.add_argument(
+        "--to",
+        required=True,
+        choices=("torchtitan", "deepspeed", "accelerate", "torchrun"),
+        help="target engine (see docs/export.md)",
+    )
+    p.add_argument("--output", metavar="FILE", default=None, help="write here instead of stdout")
+    p.set_defaults(func=cmd_export)
+    from trainplan.planner.command import configure_parser as _configure_plan
+
+    for _name, _compare, _func, _help in (
+        ("plan", False, cmd_plan, "search accelerators, device counts and layouts; rank and explain"),
+        ("compare", True, cmd_compare, "the same job on several accelerators, each at its best layout"),
+    ):
+        p = sub.add_parser(_name, help=_help)
+        _configure_plan(
+            p,
+            compare_mode=_compare,
+            add_recipe=add_recipe_arguments,
+            add_cost=add_cost_arguments,
+            add_hardware_file=add_hardware_file_argument,
+            positive_int=_positive_int,
+            positive_float=_positive_float,
+        )
+        p.set_defaults(func=_func)
+    from trainplan.web.cli import register as register_serve
+
+    register_serve(sub)
+    from trainplan.run.cli import register as register_run
+
+    register_run(sub)
     return parser
 
 

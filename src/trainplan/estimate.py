@@ -185,7 +185,7 @@ def estimate(
     mem = memory_breakdown(
         model, recipe, layout, capacity_bytes=system.accelerator.memory_bytes, num_microbatches=nmb
     )
-    time = step_time(system, model, recipe, layout)
+    time = step_time(system, model, recipe, layout, memory=mem)
     thr = throughput(system, model, recipe, layout, time)
     run = run_cost(
         system,

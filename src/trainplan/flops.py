@@ -38,6 +38,7 @@ Conventions
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -597,6 +598,20 @@ def _layer_passes(
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def _kind_counts(spec: ModelSpec, layers: tuple[int, ...], peft: bool) -> dict[tuple[bool, bool], tuple[int, int]]:
+    """{(MoE?, first layer under PEFT?): (representative layer, count)} over ``layers``.
+
+    The first layer under PEFT is its own kind: its input needs no gradient (see _layer_passes).
+    """
+    counts: dict[tuple[bool, bool], tuple[int, int]] = {}
+    for i in layers:
+        kind = (spec.is_moe_layer(i), peft and i == 0)
+        first, n = counts.get(kind, (i, 0))
+        counts[kind] = (first, n + 1)
+    return counts
+
+
 def _sum_layers(
     spec: ModelSpec,
     layers: range | tuple[int, ...],
@@ -609,12 +624,7 @@ def _sum_layers(
     """Sum of :func:`_layer_passes` over ``layers``: every dense layer costs the same, so does every MoE
     layer; each kind is computed once and multiplied by its count (keeps an estimate well under 1 ms).
     """
-    counts: dict[tuple[bool, bool], tuple[int, int]] = {}
-    for i in layers:
-        # (MoE?, the first layer under PEFT — its input needs no gradient, see _layer_passes)
-        kind = (spec.is_moe_layer(i), recipe.is_peft and i == 0)
-        first, n = counts.get(kind, (i, 0))
-        counts[kind] = (first, n + 1)
+    counts = _kind_counts(spec, tuple(layers), recipe.is_peft)
     cache = {} if cache is None else cache
     key = tuple(sorted((kind, n) for kind, (_, n) in counts.items()))
     if key in cache:

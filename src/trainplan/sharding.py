@@ -21,6 +21,7 @@ per-device counts here, summed over the tp/ep/pp ranks, give back those totals.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from trainplan.layout import Layout
@@ -178,6 +179,7 @@ def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
     return n
 
 
+@functools.lru_cache(maxsize=4096)
 def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec | None = None) -> DeviceParams:
     """Parameters on one device of pipeline ``stage`` (before ZeRO sharding over dp·cp).
 

@@ -49,6 +49,7 @@ from trainplan.flops import (
 )
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
+from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Recipe
@@ -225,7 +226,13 @@ def gemm_peak_flops_per_s(system: System, recipe: Recipe) -> float:
 
 
 def step_time(
-    system: System, model: ModelSpec, recipe: Recipe, layout: Layout, *, kappa: float | None = None
+    system: System,
+    model: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    *,
+    kappa: float | None = None,
+    memory: MemoryBreakdown | None = None,
 ) -> TimeBreakdown:
     """Seconds per optimizer step (see the module docstring for the terms).
 
@@ -342,9 +349,7 @@ def step_time(
         bubble = (p - 1) * t_mb
 
     # Optimizer step on the device (memory-bound), or offloaded to the CPU.
-    from trainplan.memory import memory_breakdown
-
-    mem = memory_breakdown(model, recipe, layout, num_microbatches=m)
+    mem = memory if memory is not None else memory_breakdown(model, recipe, layout, num_microbatches=m)
     trained_shard = mem.trainable_params_on_device / (layout.shard_group if layout.zero >= 1 else 1)
     update_bytes = optimizer_update_bytes(trained_shard, recipe)
     optimizer_s = 0.0

@@ -11,6 +11,7 @@ Shapes use the notation of the docs:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -129,7 +130,7 @@ class ModelSpec:
         rel = layer - self.moe.first_dense_layers
         return rel >= 0 and rel % self.moe.layer_freq == 0
 
-    @property
+    @functools.cached_property
     def num_moe_layers(self) -> int:
         return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
 

@@ -1,0 +1,907 @@
+"""Search, ranking and explanation: which accelerator, how many, which layout — and why.
+
+Method (docs/plan.md):
+
+1. Enumerate the search space: every accelerator × device counts (1, 2, 4 below one node, then
+   node and scale-up-domain multiples up to ``max_devices``) × layouts (tp within the scale-up
+   domain, pp, cp for long sequences, ep for MoE, ZeRO 0–3, sequence parallelism) × the recipe
+   choices the user left open (micro-batch, recompute, offload, precision).
+2. Drop only what is invalid (the scalar ``estimate`` would raise) or an exact duplicate (ZeRO 1/2
+   with nothing to shard); every drop is counted by reason.
+3. Evaluate all candidates in bulk (``bulk.py``), keep those that fit in memory.
+4. Within one (accelerator, device count) cost is proportional to time, so the fastest layout
+   dominates the others in both; it represents that pair. Rank the representatives by the
+   objective; report the fastest, the cheapest and the time–cost Pareto front.
+5. Re-evaluate every reported plan with the scalar ``estimate`` (it must agree and be feasible)
+   and explain what binds it and why the nearest alternatives lose.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from trainplan.errors import TrainplanError
+from trainplan.estimate import Estimate, estimate
+from trainplan.hardware.accelerator import Accelerator
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.planner.bulk import (
+    INVALID_REASONS,
+    BulkEvaluator,
+    BulkResult,
+    Candidates,
+    Core,
+)
+from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, Offload, Precision, Recipe, Recompute
+from trainplan.units import fmt_bytes, fmt_duration
+
+Objective = Literal["time", "cost", "balanced"]
+OBJECTIVES: Final = ("time", "cost", "balanced")
+DEFAULT_MAX_DEVICES: Final = 1024
+DEFAULT_PRETRAIN_BATCH_TOKENS: Final = 4 * 2**20
+"""Default global batch of pre-training, ~4M tokens (Llama 2: 4M tokens, Touvron et al. 2023 Sec. 2.2)."""
+DEFAULT_FINETUNE_BATCH: Final = 128
+"""Default global batch (sequences) of fine-tuning methods; set ``--global-batch`` to override."""
+MIN_CP_TOKENS: Final = 4096
+"""Context parallelism is searched only while each rank keeps at least this many tokens."""
+MEMORY_BOUND_FRACTION: Final = 0.85
+"""A plan using more than this share of device memory is reported as memory-bound."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """Values searched for each open choice; a choice the user fixed has one value."""
+
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    recomputes: tuple[Recompute, ...] = RECOMPUTES
+    offloads: tuple[Offload, ...] = OFFLOADS
+    precisions: tuple[Precision, ...] = ("bf16",)
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    pp_schedules: tuple[str, ...] = ("1f1b", "interleaved")
+    max_devices: int = DEFAULT_MAX_DEVICES
+    device_counts: tuple[int, ...] | None = None  # explicit counts instead of the default ladder
+    max_tp: int = 16
+    max_pp: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.micro_batches or any(b <= 0 for b in self.micro_batches):
+            raise TrainplanError("micro_batch", "search at least one positive micro-batch")
+        for p in self.precisions:
+            if p not in PRECISIONS:
+                raise TrainplanError("precision", f"unknown precision {p!r}; choose {', '.join(PRECISIONS)}")
+        if self.max_devices <= 0:
+            raise TrainplanError("max_devices", f"must be a positive integer, got {self.max_devices}")
+        for z in self.zero_stages:
+            if z not in (0, 1, 2, 3):
+                raise TrainplanError("zero", f"ZeRO stage must be 0-3, got {z}")
+
+
+def default_global_batch(recipe: Recipe) -> int:
+    """~4M tokens for pre-training (a power of two of sequences), 128 sequences otherwise."""
+    if recipe.method == "pretrain":
+        exponent: int = round(math.log2(max(1.0, DEFAULT_PRETRAIN_BATCH_TOKENS / recipe.seq_len)))
+        return int(max(1, 2**exponent))
+    return DEFAULT_FINETUNE_BATCH
+
+
+def device_ladder(acc: Accelerator, max_devices: int) -> tuple[int, ...]:
+    """1, 2, 4 below one node, then node and scale-up-domain multiples (×2^k) up to ``max_devices``."""
+    node = acc.devices_per_node
+    dom = acc.scale_up.domain_size
+    counts = {n for n in (1, 2, 4) if n < node}
+    for base in (node, dom):
+        n = base
+        while n <= max_devices:
+            counts.add(n)
+            n *= 2
+    return tuple(sorted(c for c in counts if c <= max_devices))
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Explanation:
+    binds: tuple[str, ...]
+    alternatives: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"binds": list(self.binds), "alternatives": list(self.alternatives)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """One recommended configuration: the scalar estimate plus why it is chosen."""
+
+    rank: int
+    estimate: Estimate
+    explanation: Explanation
+
+    @property
+    def label(self) -> str:
+        return f"{self.estimate.system.num_devices}×{self.estimate.system.accelerator.name}"
+
+    def to_dict(self) -> dict[str, object]:
+        d = self.estimate.to_dict()
+        d["rank"] = self.rank
+        d["label"] = self.label
+        d["explanation"] = self.explanation.to_dict()
+        d["priced"] = self.estimate.run.cost_usd is not None
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchStats:
+    candidates: int
+    valid: int
+    feasible: int
+    does_not_fit: int
+    pruned: dict[str, int]
+    invalid: dict[str, int]
+    skipped_accelerators: dict[str, str]
+    seconds: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "candidates": self.candidates,
+            "valid": self.valid,
+            "feasible": self.feasible,
+            "does_not_fit": self.does_not_fit,
+            "pruned": dict(self.pruned),
+            "invalid": dict(self.invalid),
+            "skipped_accelerators": dict(self.skipped_accelerators),
+            "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class AcceleratorBest:
+    """The best plan on one accelerator (``compare``), or why there is none."""
+
+    hardware: str
+    plan: Plan | None
+    reason: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "hardware": self.hardware,
+            "plan": None if self.plan is None else self.plan.to_dict(),
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    model: str
+    objective: Objective
+    global_batch: int
+    tokens: float | None
+    budget_usd: float | None
+    deadline_h: float | None
+    fastest: Plan | None
+    cheapest: Plan | None
+    pareto: tuple[Plan, ...]
+    plans: tuple[Plan, ...]
+    constraints_met: bool
+    constraint_failures: tuple[str, ...]
+    closest: Plan | None
+    min_devices: dict[str, int | None]
+    unpriced: tuple[str, ...]
+    stats: SearchStats
+    per_accelerator: tuple[AcceleratorBest, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, object]:
+        def one(p: Plan | None) -> object:
+            return None if p is None else p.to_dict()
+
+        return {
+            "model": self.model,
+            "objective": self.objective,
+            "global_batch": self.global_batch,
+            "tokens": self.tokens,
+            "constraints": {
+                "budget_usd": self.budget_usd,
+                "deadline_h": self.deadline_h,
+                "met": self.constraints_met,
+                "failures": list(self.constraint_failures),
+                "closest": one(self.closest),
+            },
+            "fastest": one(self.fastest),
+            "cheapest": one(self.cheapest),
+            "pareto": [p.to_dict() for p in self.pareto],
+            "plans": [p.to_dict() for p in self.plans],
+            "min_devices": dict(self.min_devices),
+            "unpriced": list(self.unpriced),
+            "search": self.stats.to_dict(),
+            "per_accelerator": [b.to_dict() for b in self.per_accelerator],
+            "notes": list(self.notes),
+        }
+
+
+# --- the search space -------------------------------------------------------------------------
+def enumerate_cores(
+    model: ModelSpec, base: Recipe, space: SearchSpace, max_domain: int
+) -> tuple[list[Core], dict[str, int]]:
+    """Every valid core (layout and recipe choices independent of the device count), sorted."""
+    cores: list[Core] = []
+    invalid: dict[str, int] = {}
+    seq = base.seq_len
+    tps = [t for t in _pow2_upto(min(space.max_tp, max_domain))]
+    pps = [p for p in _pow2_upto(min(space.max_pp, model.num_layers))]
+    cps = [c for c in _pow2_upto(seq) if seq % c == 0 and (c == 1 or seq // c >= MIN_CP_TOKENS)]
+    eps = [1]
+    if model.moe is not None:
+        eps = [e for e in _pow2_upto(min(64, model.moe.num_experts)) if model.moe.num_experts % e == 0]
+    for tp in tps:
+        for pp in pps:
+            for cp in cps:
+                for ep in eps:
+                    for sp in (False, True) if tp > 1 else (False,):
+                        scheds: list[tuple[str, int]] = [("1f1b", 1)]
+                        if pp > 1:
+                            if "interleaved" in space.pp_schedules and 2 * pp <= model.num_layers:
+                                scheds.append(("interleaved", 2))
+                            if "zb" in space.pp_schedules:
+                                scheds.append(("zb", 1))
+                            if "1f1b" not in space.pp_schedules:
+                                scheds = scheds[1:] or scheds
+                        for sched, v in scheds:
+                            try:
+                                lay = Layout(
+                                    dp=ep,
+                                    tp=tp,
+                                    pp=pp,
+                                    cp=cp,
+                                    ep=ep,
+                                    sequence_parallel=sp,
+                                    pp_schedule=sched,  # type: ignore[arg-type]
+                                    virtual_stages=v,
+                                )
+                                lay.check_model(model)
+                                lay.check_batch(seq_len=seq, micro_batch=1, global_batch=None)
+                            except TrainplanError as err:
+                                invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
+                                continue
+                            for mb in space.micro_batches:
+                                for rc in space.recomputes:
+                                    for off in space.offloads:
+                                        for prec in space.precisions:
+                                            try:
+                                                replace(
+                                                    base,
+                                                    micro_batch=mb,
+                                                    recompute=rc,
+                                                    offload=off,
+                                                    precision=prec,
+                                                )
+                                            except TrainplanError as err:
+                                                k = f"recipe: {err.field}"
+                                                invalid[k] = invalid.get(k, 0) + 1
+                                                continue
+                                            cores.append(
+                                                Core(
+                                                    tp=tp,
+                                                    pp=pp,
+                                                    cp=cp,
+                                                    ep=ep,
+                                                    sequence_parallel=sp,
+                                                    micro_batch=mb,
+                                                    recompute=rc,
+                                                    offload=off,
+                                                    precision=prec,
+                                                    pp_schedule=sched,  # type: ignore[arg-type]
+                                                    virtual_stages=v,
+                                                )
+                                            )
+    cores.sort()
+    return cores, invalid
+
+
+def _precision_ok(acc: Accelerator, prec: str) -> bool:
+    from trainplan.recipe import GEMM_DTYPE
+
+    dtype = GEMM_DTYPE[prec]
+    if prec == "fp32" and not acc.supports("tf32"):
+        dtype = "fp32"
+    return acc.supports(dtype)
+
+
+def enumerate_candidates(
+    cores: list[Core],
+    accelerators: Sequence[Accelerator],
+    space: SearchSpace,
+    pruned: dict[str, int],
+    skipped: dict[str, str],
+    global_batch: int | None = None,
+) -> Candidates:
+    """Cartesian product accelerator × device count × core × ZeRO stage, built with numpy."""
+    tp = np.array([c.tp for c in cores], dtype=np.int64)
+    mp = np.array([c.tp * c.pp * c.cp for c in cores], dtype=np.int64)
+    cp = np.array([c.cp for c in cores], dtype=np.int64)
+    ep = np.array([c.ep for c in cores], dtype=np.int64)
+    off = np.array([c.offload for c in cores])
+    prec = np.array([c.precision for c in cores])
+    zeros = np.array(space.zero_stages, dtype=np.int64)
+    mbs = np.array([c.micro_batch for c in cores], dtype=np.int64)
+    gb = global_batch or 0
+    parts: list[tuple[npt.NDArray[np.int64], ...]] = []
+    for a, acc in enumerate(accelerators):
+        ok_prec = np.array([_precision_ok(acc, str(p)) for p in np.unique(prec)])
+        allowed = set(np.unique(prec)[ok_prec].tolist())
+        if not allowed:
+            skipped[acc.name] = (
+                f"supports none of the precisions searched ({', '.join(sorted(set(prec.tolist())))}); "
+                f"it has {', '.join(acc.supported_dtypes)}"
+            )
+            continue
+        counts = space.device_counts or device_ladder(acc, space.max_devices)
+        for n in counts:
+            dom = min(acc.scale_up.domain_size, n)
+            sel = (tp <= dom) & (n % mp == 0) & np.isin(prec, list(allowed))
+            idx = np.nonzero(sel)[0]
+            if idx.size == 0:
+                continue
+            dp = n // mp[idx]
+            ci = np.repeat(idx, zeros.size)
+            dpi = np.repeat(dp, zeros.size)
+            zi = np.tile(zeros, idx.size)
+            shard = dpi * cp[ci]
+            keep = shard % ep[ci] == 0
+            pruned["ep does not divide dp·cp"] = pruned.get("ep does not divide dp·cp", 0) + int(
+                (~keep).sum()
+            )
+            offz = off[ci]
+            need_zero = ((offz != "none") & (zi == 0)) | ((offz == "optimizer+params") & (zi != 3))
+            k0 = "invalid: CPU offload needs ZeRO >= 1 (parameters: ZeRO 3)"
+            pruned[k0] = pruned.get(k0, 0) + int((keep & need_zero).sum())
+            keep &= ~need_zero
+            if gb:
+                bad_gb = gb % (dpi * mbs[ci]) != 0
+                k1 = "invalid: global batch is not a multiple of dp·micro_batch"
+                pruned[k1] = pruned.get(k1, 0) + int((keep & bad_gb).sum())
+                keep &= ~bad_gb
+            dup2 = (shard == 1) & (zi == 2)
+            dup1 = (shard == 1) & (zi == 1) & (off[ci] == "none")
+            k = "duplicate: ZeRO 1/2 with dp·cp = 1 equal ZeRO 1/0 (nothing to shard)"
+            pruned[k] = pruned.get(k, 0) + int((keep & (dup1 | dup2)).sum())
+            keep &= ~(dup1 | dup2)
+            m = int(keep.sum())
+            parts.append(
+                (
+                    np.full(m, a, dtype=np.int64),
+                    np.full(m, n, dtype=np.int64),
+                    dpi[keep],
+                    zi[keep],
+                    ci[keep],
+                )
+            )
+    if not parts:
+        e = np.zeros(0, dtype=np.int64)
+        return Candidates(acc=e, devices=e, dp=e, zero=e, core=e)
+    cols = [np.concatenate([p[i] for p in parts]) for i in range(5)]
+    return Candidates(acc=cols[0], devices=cols[1], dp=cols[2], zero=cols[3], core=cols[4])
+
+
+# --- the planner ------------------------------------------------------------------------------
+def _price(acc: Accelerator, provider: str | None, prices: Mapping[str, float]) -> float | None:
+    if acc.name in prices:
+        return prices[acc.name]
+    if provider is not None:
+        offers = [o for o in acc.cloud if o.provider.lower() == provider.lower()]
+        return min(o.usd_per_device_hour for o in offers) if offers else None
+    cheapest = acc.cheapest_offering()
+    return None if cheapest is None else cheapest.usd_per_device_hour
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Context:
+    model: ModelSpec
+    base: Recipe
+    cores: list[Core]
+    accs: list[Accelerator]
+    prices: list[float | None]
+    provider: str | None
+    pue: float
+    cand: Candidates
+    res: BulkResult
+
+
+def _scalar(ctx: _Context, i: int) -> Estimate:
+    """The scalar estimate of candidate ``i`` (the planner's answer is always this one)."""
+    c = ctx.cand
+    core = ctx.cores[int(c.core[i])]
+    acc = ctx.accs[int(c.acc[i])]
+    price = ctx.prices[int(c.acc[i])]
+    return estimate(
+        System(accelerator=acc, num_devices=int(c.devices[i])),
+        ctx.model,
+        core.recipe(ctx.base),
+        core.layout(int(c.dp[i]), int(c.zero[i])),
+        price_usd_per_device_hour=price,
+        provider=None,
+        pue=ctx.pue,
+    )
+
+
+def candidate_estimate(ctx: _Context, i: int) -> Estimate:
+    return _scalar(ctx, i)
+
+
+def _objective_values(
+    res: BulkResult, idx: npt.NDArray[np.int64], objective: Objective
+) -> npt.NDArray[np.float64]:
+    t = res.time_s[idx] if not np.all(np.isnan(res.time_s[idx])) else res.step_s[idx]
+    c = res.cost_usd[idx]
+    if objective == "time":
+        return np.asarray(t)
+    if objective == "cost":
+        return np.asarray(np.where(np.isnan(c), np.inf, c))
+    t0 = np.nanmin(t) if t.size else 1.0
+    c0 = np.nanmin(c) if np.any(~np.isnan(c)) else 1.0
+    return np.asarray(np.where(np.isnan(c), np.inf, np.sqrt((t / t0) * (c / c0))))
+
+
+def _fmt_usd(x: float) -> str:
+    return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}"
+
+
+def _binds(est: Estimate) -> list[str]:
+    """What limits a plan, from the estimate's named terms."""
+    out: list[str] = []
+    mem = est.memory
+    frac = mem.per_device_bytes / mem.capacity_bytes
+    top = sorted(((n, v) for n, v in mem.terms() if v > 0), key=lambda kv: -kv[1])[:2]
+    terms = ", ".join(f"{n} {fmt_bytes(v)}" for n, v in top)
+    if frac >= MEMORY_BOUND_FRACTION:
+        out.append(
+            f"memory: {fmt_bytes(mem.per_device_bytes)} of {fmt_bytes(mem.capacity_bytes)} per device "
+            f"({100 * frac:.0f}%; {terms}) — little headroom"
+        )
+    else:
+        out.append(f"memory: {100 * frac:.0f}% of {fmt_bytes(mem.capacity_bytes)} per device ({terms})")
+    t = est.time
+    step = t.step_s
+    comm = {
+        "tensor-parallel": t.exposed_tp_s,
+        "expert all-to-all": t.exposed_ep_s,
+        "context-parallel": t.exposed_cp_s,
+        "pipeline send/recv": t.pp_p2p_s,
+        "data-parallel/ZeRO": t.exposed_dp_s,
+    }
+    comm_s = sum(comm.values())
+    groups = {
+        "compute": t.compute_s,
+        "interconnect": comm_s,
+        "pipeline bubble": t.bubble_s,
+        "optimizer step / offload": t.optimizer_s + t.offload_s,
+    }
+    name, val = max(groups.items(), key=lambda kv: kv[1])
+    if name == "compute":
+        out.append(
+            f"compute-bound: compute is {100 * val / step:.0f}% of the {fmt_duration(step)} step "
+            f"(MFU {100 * est.throughput.mfu:.1f}%)"
+        )
+    else:
+        detail = ""
+        if name == "interconnect":
+            cname, cval = max(comm.items(), key=lambda kv: kv[1])
+            detail = f", mostly {cname} {100 * cval / step:.0f}%"
+        out.append(
+            f"{name}-bound: {name} is {100 * val / step:.0f}% of the {fmt_duration(step)} step{detail}"
+        )
+    others = [(k, v) for k, v in groups.items() if k != name and v / step >= 0.05]
+    if others:
+        out.append("also: " + ", ".join(f"{k} {100 * v / step:.0f}%" for k, v in others))
+    return out
+
+
+class _Planner:
+    def __init__(self, ctx: _Context, feasible: npt.NDArray[np.bool_]) -> None:
+        self.ctx = ctx
+        self.feasible = feasible
+        res, cand = ctx.res, ctx.cand
+        # representatives: fastest feasible layout per (accelerator, devices), deterministic ties
+        idx = np.nonzero(feasible)[0]
+        order = np.lexsort((idx, cand.zero[idx], cand.core[idx], res.per_device_bytes[idx], res.step_s[idx]))
+        idx = idx[order]
+        group = cand.acc[idx] * (1 << 32) + cand.devices[idx]
+        _, first = np.unique(group, return_index=True)
+        reps = idx[np.sort(first)].tolist()
+        self.reps = np.array(reps, dtype=np.int64)
+        self.rep_of = {(int(cand.acc[i]), int(cand.devices[i])): i for i in reps}
+        self._est: dict[int, Estimate] = {}
+        self._counts: dict[int, list[int]] = {}
+
+    def est(self, i: int) -> Estimate:
+        if i not in self._est:
+            e = _scalar(self.ctx, i)
+            self._est[i] = e
+        return self._est[i]
+
+    def label(self, i: int) -> str:
+        c = self.ctx.cand
+        return f"{int(c.devices[i])}×{self.ctx.accs[int(c.acc[i])].name}"
+
+    def sort_key(self, i: int, objective: Objective, values: Mapping[int, float]) -> tuple[object, ...]:
+        r, c = self.ctx.res, self.ctx.cand
+        cost = float(r.cost_usd[i])
+        return (
+            values[i],
+            float(r.step_s[i]) if np.isnan(r.time_s[i]) else float(r.time_s[i]),
+            math.inf if math.isnan(cost) else cost,
+            self.ctx.accs[int(c.acc[i])].name,
+            int(c.devices[i]),
+        )
+
+    def counts_of(self, a: int) -> list[int]:
+        got = self._counts.get(a)
+        if got is None:
+            got = np.unique(self.ctx.cand.devices[self.ctx.cand.acc == a]).tolist()
+            self._counts[a] = got
+        return got
+
+    def leanest(self, a: int, n: int) -> int | None:
+        """The valid candidate with the least memory per device at (accelerator, devices)."""
+        c, r = self.ctx.cand, self.ctx.res
+        sel = np.nonzero((c.acc == a) & (c.devices == n) & r.valid)[0]
+        if sel.size == 0:
+            return None
+        return int(sel[np.lexsort((sel, r.per_device_bytes[sel]))[0]])
+
+    def why_not_fit(self, a: int, n: int) -> str | None:
+        i = self.leanest(a, n)
+        acc = self.ctx.accs[a]
+        if i is None:
+            return None
+        e = self.est(i)
+        mem = e.memory
+        top = sorted(((k, v) for k, v in mem.terms() if v > 0), key=lambda kv: -kv[1])[:2]
+        terms = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in top)
+        return (
+            f"{n}×{acc.name} does not fit: even the leanest layout ({e.layout.describe()}, "
+            f"{e.recipe.recompute} recompute, offload {e.recipe.offload}) needs "
+            f"{fmt_bytes(mem.per_device_bytes)} per device > {fmt_bytes(mem.capacity_bytes)} ({terms})"
+        )
+
+    def compare_line(self, i: int, j: int) -> str:
+        """Why plan j loses against plan i (or what it trades)."""
+        r = self.ctx.res
+        ti, tj = float(r.time_s[i]), float(r.time_s[j])
+        if math.isnan(ti):
+            ti, tj = float(r.step_s[i]), float(r.step_s[j])
+        ci, cj = float(r.cost_usd[i]), float(r.cost_usd[j])
+        speed = f"{tj / ti:.2f}× the time" if tj >= ti else f"{ti / tj:.2f}× faster"
+        if math.isnan(cj):
+            money = "no price known"
+        elif math.isnan(ci):
+            money = f"costs {_fmt_usd(cj)}"
+        elif cj >= ci:
+            money = f"{_fmt_usd(cj - ci)} more ({_fmt_usd(cj)})"
+        else:
+            money = f"{_fmt_usd(ci - cj)} cheaper ({_fmt_usd(cj)})"
+        return f"{self.label(j)} ({self.est_layout(j)}): {speed}, {money}"
+
+    def est_layout(self, j: int) -> str:
+        c = self.ctx.cand
+        core = self.ctx.cores[int(c.core[j])]
+        return core.layout(int(c.dp[j]), int(c.zero[j])).describe()
+
+    def alternatives(self, i: int, ranked: Sequence[int]) -> list[str]:
+        c = self.ctx.cand
+        a, n = int(c.acc[i]), int(c.devices[i])
+        acc = self.ctx.accs[a]
+        out: list[str] = []
+        counts = self.counts_of(a)
+        smaller = [k for k in counts if k < n]
+        larger = [k for k in counts if k > n]
+        if smaller:
+            k = smaller[-1]
+            j = self.rep_of.get((a, k))
+            if j is None:
+                line = self.why_not_fit(a, k)
+                if line is None:
+                    line = f"{k}×{acc.name}: no valid layout (see search.invalid)"
+                out.append("fewer devices — " + line)
+            else:
+                out.append("fewer devices — " + self.compare_line(i, j))
+        if larger:
+            j = self.rep_of.get((a, larger[0]))
+            if j is not None:
+                out.append("more devices — " + self.compare_line(i, j))
+        for j in ranked:
+            if int(c.acc[j]) != a:
+                out.append("other hardware — " + self.compare_line(i, j))
+                break
+        return out
+
+    def plan(self, i: int, rank: int, ranked: Sequence[int]) -> Plan:
+        e = self.est(i)
+        if not e.feasible:
+            raise AssertionError(
+                f"planner bug: {self.label(i)} was ranked but estimate() says it does not fit"
+            )
+        return Plan(
+            rank=rank,
+            estimate=e,
+            explanation=Explanation(binds=tuple(_binds(e)), alternatives=tuple(self.alternatives(i, ranked))),
+        )
+
+
+def plan(
+    model: ModelSpec,
+    recipe: Recipe,
+    accelerators: Sequence[Accelerator],
+    *,
+    space: SearchSpace | None = None,
+    objective: Objective = "time",
+    top: int = 5,
+    budget_usd: float | None = None,
+    deadline_h: float | None = None,
+    provider: str | None = None,
+    prices: Mapping[str, float] | None = None,
+    pue: float = 1.2,
+    with_per_accelerator: bool = False,
+) -> PlanResult:
+    """Search accelerators × device counts × layouts for ``model`` trained with ``recipe``.
+
+    ``recipe`` carries the fixed choices (method, optimizer, sequence length, tokens, ...); the
+    fields listed in ``space`` (micro-batch, recompute, offload, precision) are searched over the
+    values given there. ``prices`` overrides the catalog price per accelerator name ($/device-hour).
+    """
+    t0 = time.perf_counter()
+    space = space or SearchSpace()
+    if objective not in OBJECTIVES:
+        raise TrainplanError("objective", f"unknown objective {objective!r}; choose {', '.join(OBJECTIVES)}")
+    if top <= 0:
+        raise TrainplanError("top", f"must be a positive integer, got {top}")
+    if budget_usd is not None and not budget_usd > 0:
+        raise TrainplanError("budget", f"must be a positive number of USD, got {budget_usd}")
+    if deadline_h is not None and not deadline_h > 0:
+        raise TrainplanError("deadline", f"must be a positive number of hours, got {deadline_h}")
+    if (budget_usd is not None or deadline_h is not None) and recipe.tokens is None:
+        raise TrainplanError("tokens", "a budget or a deadline needs --tokens (the length of the run)")
+    if not accelerators:
+        raise TrainplanError("hardware", "name at least one accelerator")
+    if pue < 1.0:
+        raise TrainplanError("pue", f"PUE is at least 1.0, got {pue}")
+    prices = dict(prices or {})
+    notes: list[str] = []
+    base = recipe
+    if base.global_batch is None:
+        gb = default_global_batch(base)
+        base = replace(base, global_batch=gb)
+        notes.append(
+            f"global batch {gb} sequences ({gb * base.seq_len:,} tokens) "
+            f"per step, the default for {base.method}; fix it with --global-batch"
+        )
+    accs = sorted(accelerators, key=lambda a: a.name)
+    acc_prices = [_price(a, provider, prices) for a in accs]
+    unpriced = tuple(a.name for a, p in zip(accs, acc_prices, strict=True) if p is None)
+    max_domain = max(a.scale_up.domain_size for a in accs)
+    cores, invalid_cores = enumerate_cores(model, base, space, max_domain)
+    pruned: dict[str, int] = {}
+    skipped: dict[str, str] = {}
+    cand = enumerate_candidates(cores, accs, space, pruned, skipped, base.global_batch)
+    ev = BulkEvaluator(model, base, cores, accs, acc_prices, pue=pue)
+    res = ev.evaluate(cand) if len(cand) else None
+    if res is None:
+        raise TrainplanError(
+            "hardware", "no candidate layout: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())
+        )
+    ctx = _Context(
+        model=model,
+        base=base,
+        cores=cores,
+        accs=accs,
+        prices=acc_prices,
+        provider=provider,
+        pue=pue,
+        cand=cand,
+        res=res,
+    )
+    feasible = res.feasible
+    k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
+    pruned[k_dom] = int(res.dominated.sum())
+    invalid: dict[str, int] = dict(invalid_cores)
+    for code, text in INVALID_REASONS.items():
+        k = int((res.invalid == code).sum())
+        if k:
+            invalid[text] = k
+    pl = _Planner(ctx, feasible)
+    reps = pl.reps
+    # minimum devices per accelerator
+    min_devices: dict[str, int | None] = {}
+    for a, acc in enumerate(accs):
+        if acc.name in skipped:
+            continue
+        ns = [int(cand.devices[i]) for i in reps.tolist() if int(cand.acc[i]) == a]
+        min_devices[acc.name] = min(ns) if ns else None
+
+    rep_list = reps.tolist()
+    values = dict(zip(rep_list, _objective_values(res, reps, objective).tolist(), strict=True))
+
+    def ranked_of(ids: Sequence[int]) -> list[int]:
+        return sorted(ids, key=lambda i: pl.sort_key(i, objective, values))
+
+    ranked_all = ranked_of(rep_list)
+    # constraints
+    failures: list[str] = []
+    ok = list(ranked_all)
+    if budget_usd is not None:
+        ok = [i for i in ok if not math.isnan(res.cost_usd[i]) and res.cost_usd[i] <= budget_usd]
+    if deadline_h is not None:
+        ok = [i for i in ok if res.time_s[i] <= deadline_h * 3600.0]
+    met = bool(ok) or (budget_usd is None and deadline_h is None)
+    closest_i: int | None = None
+    if not met:
+        priced = [i for i in ranked_all if not math.isnan(res.cost_usd[i])]
+        if budget_usd is not None:
+            if priced:
+                j = min(priced, key=lambda i: (float(res.cost_usd[i]), float(res.time_s[i]), i))
+                over = float(res.cost_usd[j]) - budget_usd
+                if over > 0:
+                    failures.append(
+                        f"budget {_fmt_usd(budget_usd)} cannot be met: the cheapest feasible plan, {pl.label(j)}, "
+                        f"costs {_fmt_usd(float(res.cost_usd[j]))} — {_fmt_usd(over)} ({100 * over / budget_usd:.0f}%) over"
+                    )
+            else:
+                failures.append(
+                    f"budget {_fmt_usd(budget_usd)}: no feasible plan has a known price (use --price)"
+                )
+        if deadline_h is not None and ranked_all:
+            j = min(ranked_all, key=lambda i: (float(res.time_s[i]), i))
+            over_h = float(res.time_s[j]) / 3600.0 - deadline_h
+            if over_h > 0:
+                failures.append(
+                    f"deadline {deadline_h:g} h cannot be met: the fastest feasible plan, {pl.label(j)}, takes "
+                    f"{float(res.time_s[j]) / 3600.0:,.1f} h — {over_h:,.1f} h ({100 * over_h / deadline_h:.0f}%) over"
+                )
+        if budget_usd is not None and deadline_h is not None and not failures:
+            # each alone can be met, not both together
+            j1 = min(priced, key=lambda i: (float(res.cost_usd[i]), i)) if priced else None
+            failures.append(
+                "budget and deadline cannot both be met: every plan within the deadline costs more than "
+                f"{_fmt_usd(budget_usd)} and every plan within budget takes longer than {deadline_h:g} h"
+                + (f" (cheapest: {pl.label(j1)})" if j1 is not None else "")
+            )
+
+        def violation(i: int) -> float:
+            v = 0.0
+            if budget_usd is not None:
+                c = float(res.cost_usd[i])
+                v = max(v, math.inf if math.isnan(c) else c / budget_usd)
+            if deadline_h is not None:
+                v = max(v, float(res.time_s[i]) / (deadline_h * 3600.0))
+            return v
+
+        if ranked_all:
+            closest_i = min(ranked_all, key=lambda i: (violation(i), ranked_all.index(i)))
+    chosen = ok if met else []
+    top_ids = chosen[:top]
+    plans = tuple(pl.plan(i, r + 1, ranked_all) for r, i in enumerate(top_ids))
+    pool = chosen if met else []
+    fastest = cheapest = None
+    pareto: list[Plan] = []
+    if pool:
+        fi = min(
+            pool,
+            key=lambda i: (
+                float(res.step_s[i]) if np.isnan(res.time_s[i]) else float(res.time_s[i]),
+                pl.sort_key(i, "time", values),
+            ),
+        )
+        fastest = pl.plan(fi, ranked_all.index(fi) + 1, ranked_all)
+        priced = [i for i in pool if not math.isnan(res.cost_usd[i])]
+        if priced:
+            ci = min(priced, key=lambda i: (float(res.cost_usd[i]), pl.sort_key(i, "cost", values)))
+            cheapest = pl.plan(ci, ranked_all.index(ci) + 1, ranked_all)
+            front: list[int] = []
+            best_cost = math.inf
+            for i in sorted(
+                priced,
+                key=lambda i: (float(res.time_s[i]), float(res.cost_usd[i]), pl.sort_key(i, "time", values)),
+            ):
+                if float(res.cost_usd[i]) < best_cost:
+                    front.append(i)
+                    best_cost = float(res.cost_usd[i])
+            pareto = [pl.plan(i, ranked_all.index(i) + 1, ranked_all) for i in front]
+    closest = None if closest_i is None else pl.plan(closest_i, ranked_all.index(closest_i) + 1, ranked_all)
+    per_acc: list[AcceleratorBest] = []
+    if with_per_accelerator:
+        for a, acc in enumerate(accs):
+            if acc.name in skipped:
+                per_acc.append(AcceleratorBest(hardware=acc.name, plan=None, reason=skipped[acc.name]))
+                continue
+            mine = [i for i in ranked_all if int(cand.acc[i]) == a]
+            if mine:
+                i = mine[0]
+                per_acc.append(
+                    AcceleratorBest(
+                        hardware=acc.name, plan=pl.plan(i, ranked_all.index(i) + 1, ranked_all), reason=None
+                    )
+                )
+                continue
+            counts = pl.counts_of(a)
+            why = pl.why_not_fit(a, counts[-1]) if counts else None
+            per_acc.append(
+                AcceleratorBest(
+                    hardware=acc.name,
+                    plan=None,
+                    reason=why or f"no valid layout up to {space.max_devices} devices",
+                )
+            )
+    if unpriced:
+        notes.append(
+            "no price for " + ", ".join(unpriced) + ": planned for time; cost shown as 'no price' "
+            "(give --device-price NAME=USD)"
+        )
+    stats = SearchStats(
+        candidates=len(cand),
+        valid=int(res.valid.sum()),
+        feasible=int(feasible.sum()),
+        does_not_fit=int((res.valid & ~res.fits).sum()),
+        pruned={k: v for k, v in sorted(pruned.items()) if v},
+        invalid=dict(sorted(invalid.items())),
+        skipped_accelerators=skipped,
+        seconds=time.perf_counter() - t0,
+    )
+    return PlanResult(
+        model=model.name,
+        objective=objective,
+        global_batch=int(base.global_batch or 0),
+        tokens=base.tokens,
+        budget_usd=budget_usd,
+        deadline_h=deadline_h,
+        fastest=fastest,
+        cheapest=cheapest,
+        pareto=tuple(pareto),
+        plans=plans,
+        constraints_met=met,
+        constraint_failures=tuple(failures),
+        closest=closest,
+        min_devices=min_devices,
+        unpriced=unpriced,
+        stats=stats,
+        per_accelerator=tuple(per_acc),
+        notes=tuple(notes),
+    )
+
+
+def compare(
+    model: ModelSpec,
+    recipe: Recipe,
+    accelerators: Sequence[Accelerator],
+    *,
+    space: SearchSpace | None = None,
+    objective: Objective = "time",
+    provider: str | None = None,
+    prices: Mapping[str, float] | None = None,
+    pue: float = 1.2,
+) -> PlanResult:
+    """The same job on each accelerator at its best layout and device count (``per_accelerator``)."""
+    return plan(
+        model,
+        recipe,
+        accelerators,
+        space=space,
+        objective=objective,
+        top=max(1, len(accelerators)),
+        provider=provider,
+        prices=prices,
+        pue=pue,
+        with_per_accelerator=True,
+    )

@@ -1,0 +1,271 @@
+"""The page end to end in headless Chromium (Debian's chromium + chromium-driver, driven by Selenium).
+
+The numbers the page shows must equal ``trainplan estimate --json``'s. Skipped, with the reason,
+where Selenium, chromium or chromedriver is missing; with ``TRAINPLAN_REQUIRE_BROWSER=1`` (CI) a
+missing browser fails instead. The screenshot is saved under the test's tmp path (the artifact)
+and as docs/img/web.png (the README's picture of the page).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainplan.cli import main as cli_main
+from trainplan.units import fmt_duration
+from trainplan.web import make_server
+from trainplan.web.server import TrainplanServer
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOT = ROOT / "docs" / "img" / "web.png"
+WAIT_S = 60.0
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1000",
+)
+
+
+def _find(*names: str) -> str | None:
+    for name in names:
+        path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+        if path:
+            return path
+    return None
+
+
+def _missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    if _find("chromium", "chromium-browser") is None:
+        return "chromium is not installed (apt-get install -y chromium chromium-driver)"
+    if _find("chromedriver") is None:
+        return "chromedriver is not installed (apt-get install -y chromium-driver)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    why = _missing()
+    if why:
+        if os.environ.get("TRAINPLAN_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"browser test required (TRAINPLAN_REQUIRE_BROWSER=1) but {why}")
+        pytest.skip(f"no headless browser: {why}")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="trainplan-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(_find("chromium", "chromium-browser"))
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(str(_find("chromedriver"))), options=options)
+    drv.set_page_load_timeout(WAIT_S)
+    try:
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TrainplanServer]:
+    srv = make_server("127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+
+
+def wait(drv: Any, cond: Callable[[Any], object], what: str) -> None:
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        WebDriverWait(drv, WAIT_S, poll_frequency=0.1).until(cond)
+    except TimeoutException:
+        body = drv.find_element("tag name", "body").get_attribute("outerHTML")[:2000]
+        errors = drv.find_element("id", "error").text
+        pytest.fail(f"timed out waiting for {what}; error box: {errors!r}; page: {body}")
+
+
+def body_data(drv: Any, key: str) -> str | None:
+    value: str | None = drv.execute_script(f"return document.body.dataset.{key} || null")
+    return value
+
+
+def set_field(drv: Any, element_id: str, value: str) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    el = drv.find_element("id", element_id)
+    if el.tag_name == "select":
+        Select(el).select_by_value(value)
+    else:
+        el.clear()
+        el.send_keys(value)
+
+
+def settled(drv: Any) -> bool:
+    return body_data(drv, "pending") == "0" and body_data(drv, "estimate") in ("done", "error")
+
+
+def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
+    capsys.readouterr()
+    assert cli_main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_page_estimate_equals_the_cli_then_compare_and_plan(
+    driver: Any, server: TrainplanServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    drv = driver
+    drv.get(server.url)
+    wait(drv, lambda d: body_data(d, "ready") == "yes" and settled(d), "the page to load")
+
+    set_field(drv, "model", "llama-2-13b")
+    set_field(drv, "hardware", "h100-sxm")
+    set_field(drv, "f-devices", "8")
+    set_field(drv, "f-tp", "2")
+    set_field(drv, "f-zero", "1")
+    set_field(drv, "f-recompute", "selective")
+    set_field(drv, "f-tokens", "2e11")
+    drv.find_element("id", "estimate-btn").click()
+    wait(
+        drv,
+        lambda d: (
+            settled(d)
+            and "llama-2-13b" in d.find_element("id", "headline").text
+            and "tp 2" in d.find_element("id", "subline").text
+        ),
+        "the estimate of llama-2-13b with tp 2",
+    )
+    assert drv.find_element("id", "error").get_attribute("hidden") is not None
+
+    want = cli_json(
+        capsys,
+        "estimate",
+        "llama-2-13b",
+        "--hardware",
+        "h100-sxm",
+        "--devices",
+        "8",
+        "--tp",
+        "2",
+        "--zero",
+        "1",
+        "--recompute",
+        "selective",
+        "--tokens",
+        "2e11",
+    )
+    total = drv.find_element("id", "mem-total")
+    per_device = want["memory"]["per_device_bytes"]
+    assert total.text == f"{per_device / 1e9:.2f} GB"
+    assert float(total.get_attribute("data-bytes")) == per_device
+    assert drv.find_element("id", "mem-capacity").text.startswith(
+        f"of {want['memory']['capacity_bytes'] / 1e9:.2f} GB"
+    )
+    assert drv.find_element("id", "step-time").text == fmt_duration(want["time"]["step_s"])
+    assert drv.find_element("id", "fits").text == ("fits" if want["memory"]["fits"] else "does not fit")
+    assert drv.find_element("id", "cost").text == f"${round(want['run']['cost_usd']):,}"
+    # the memory bar is drawn: one rectangle per non-zero term
+    segs = drv.find_elements("css selector", "#memory-chart rect.seg")
+    assert len(segs) >= 4
+
+    # compare: the default selection (h100-sxm, h200, b200, mi300x, a100-80gb)
+    drv.find_element("id", "compare-btn").click()
+    wait(drv, lambda d: body_data(d, "compare") == "done", "the compare")
+    checked = [
+        el.get_attribute("value") for el in drv.find_elements("css selector", "#compare-list input:checked")
+    ]
+    assert drv.find_element("id", "compare-summary").text.startswith("fastest: ")
+    assert len(drv.find_elements("css selector", "#compare-table tbody tr")) == len(checked) == 5
+    assert len(drv.find_elements("css selector", "#compare-chart rect.seg")) >= 5
+
+    # plan over the same accelerators, up to 64 devices
+    set_field(drv, "p-max_devices", "64")
+    drv.find_element("id", "plan-btn").click()
+    wait(drv, lambda d: body_data(d, "plan") == "done", "the plan")
+    from trainplan.web.plan_api import plan
+
+    expected = plan(
+        {"model": "llama-2-13b", "hardware": checked, "tokens": 2e11, "max_devices": 64, "top": 10}
+    )
+    first = drv.find_elements("css selector", "#plan-table tbody tr")[0].find_elements("tag name", "td")
+    assert first[1].text == expected["plans"][0]["label"]
+    assert first[5].text == fmt_duration(expected["plans"][0]["time"]["step_s"])
+    assert drv.find_elements("css selector", "#pareto-chart circle")
+
+    drv.execute_script("window.scrollTo(0, 0)")
+    height = int(drv.execute_script("return document.documentElement.scrollHeight"))
+    drv.set_window_size(1400, min(height + 20, 4000))
+    artifact = tmp_path / "web.png"
+    assert drv.save_screenshot(str(artifact))
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(artifact, SCREENSHOT)
+    assert artifact.read_bytes().startswith(b"\x89PNG")
+    drv.set_window_size(1400, 1000)
+
+
+def test_page_upload_and_errors(
+    driver: Any, server: TrainplanServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    drv = driver
+    drv.get(server.url)
+    wait(drv, lambda d: body_data(d, "ready") == "yes" and settled(d), "the page to load")
+    cfg = {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    set_field(drv, "hardware", "l40s")
+    set_field(drv, "f-devices", "1")
+    set_field(drv, "f-zero", "0")
+    drv.find_element("id", "config-file").send_keys(str(path))
+    wait(
+        drv,
+        lambda d: (
+            settled(d)
+            and d.find_element("id", "headline").text.startswith("config (")
+            and "on 1 × l40s" in d.find_element("id", "headline").text
+        ),
+        "the uploaded model's estimate",
+    )
+    want = cli_json(capsys, "estimate", str(path), "--hardware", "l40s")
+    assert drv.find_element("id", "mem-total").text == f"{want['memory']['per_device_bytes'] / 1e9:.2f} GB"
+
+    # a layout that does not divide: the error names the field and marks its input
+    set_field(drv, "f-devices", "8")
+    set_field(drv, "f-tp", "3")
+    drv.find_element("id", "estimate-btn").click()
+    wait(drv, lambda d: settled(d) and body_data(d, "estimate") == "error", "the error")
+    assert drv.find_element("id", "error").text.startswith("devices:")
+    assert "bad" in drv.find_element("id", "f-devices").get_attribute("class")

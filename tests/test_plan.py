@@ -1,0 +1,361 @@
+"""The planner: bulk == scalar, best == brute force, feasibility, the must-show cases, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from trainplan.cli import main
+from trainplan.errors import TrainplanError
+from trainplan.estimate import Estimate, estimate
+from trainplan.hardware import get_accelerator
+from trainplan.hardware.accelerator import Accelerator
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models import load_model
+from trainplan.models.spec import ModelSpec
+from trainplan.planner import (
+    BulkEvaluator,
+    BulkResult,
+    Candidates,
+    Core,
+    SearchSpace,
+    compare,
+    enumerate_candidates,
+    enumerate_cores,
+    plan,
+)
+from trainplan.planner.search import _price
+from trainplan.recipe import Method, Recipe
+
+SMALL = SearchSpace(micro_batches=(1, 2), max_devices=16)
+
+
+Bulk = tuple[ModelSpec, list[Accelerator], list[Core], Candidates, list[float | None], BulkResult]
+
+
+def _bulk(model_name: str, recipe: Recipe, names: tuple[str, ...], space: SearchSpace) -> Bulk:
+    model = load_model(model_name)
+    accs = sorted((get_accelerator(n) for n in names), key=lambda a: a.name)
+    cores, _ = enumerate_cores(model, recipe, space, max(a.scale_up.domain_size for a in accs))
+    cand = enumerate_candidates(cores, accs, space, {}, {}, recipe.global_batch)
+    prices = [_price(a, None, {}) for a in accs]
+    res = BulkEvaluator(model, recipe, cores, accs, prices, pue=1.2).evaluate(cand)
+    return model, accs, cores, cand, prices, res
+
+
+def _scalar(
+    model: ModelSpec,
+    accs: list[Accelerator],
+    cores: list[Core],
+    cand: Candidates,
+    prices: list[float | None],
+    recipe: Recipe,
+    i: int,
+) -> Estimate:
+    core = cores[int(cand.core[i])]
+    return estimate(
+        System(accelerator=accs[int(cand.acc[i])], num_devices=int(cand.devices[i])),
+        model,
+        core.recipe(recipe),
+        core.layout(int(cand.dp[i]), int(cand.zero[i])),
+        price_usd_per_device_hour=prices[int(cand.acc[i])],
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_name", "method", "seq_len"),
+    [
+        ("llama-3.2-1b", "pretrain", 4096),
+        ("llama-3.2-1b", "qlora", 4096),
+        ("qwen1.5-moe-a2.7b", "full", 8192),
+    ],
+)
+def test_bulk_equals_scalar_on_every_reported_field(model_name: str, method: Method, seq_len: int) -> None:
+    recipe = Recipe(method=method, tokens=1e9, global_batch=32, seq_len=seq_len)
+    names = ("h100-sxm", "mi300x", "tpu-v5p", "rtx-4090", "gb200")
+    model, accs, cores, cand, prices, res = _bulk(model_name, recipe, names, SMALL)
+    rng = np.random.default_rng(1)
+    feasible = np.nonzero(res.feasible)[0]
+    assert feasible.size > 100
+    checked = 0
+    for i in rng.choice(feasible, 60, replace=False).tolist():
+        d = _scalar(model, accs, cores, cand, prices, recipe, i).to_dict()
+        for key, value in res.row(i).items():
+            group, name = key.split(".")
+            expected = d[group][name]  # type: ignore[index]
+            if expected is None:
+                assert math.isnan(value), key
+                continue
+            assert value == pytest.approx(expected, rel=1e-9, abs=1e-12), key
+            checked += 1
+    assert checked > 1000
+    # memory of candidates that do not fit agrees too, and they really do not fit
+    nofit = np.nonzero(res.valid & ~res.fits)[0]
+    for i in rng.choice(nofit, min(20, nofit.size), replace=False).tolist():
+        e = _scalar(model, accs, cores, cand, prices, recipe, i)
+        assert res.per_device_bytes[i] == pytest.approx(e.memory.per_device_bytes, rel=1e-9)
+        assert not e.memory.fits
+    # invalid candidates are exactly those the scalar path rejects
+    bad = np.nonzero(~res.valid)[0]
+    for i in rng.choice(bad, min(20, bad.size), replace=False).tolist():
+        with pytest.raises(TrainplanError):
+            _scalar(model, accs, cores, cand, prices, recipe, i)
+
+
+def test_planner_best_equals_brute_force_over_scalar_estimate() -> None:
+    model = load_model("llama-3.2-1b")
+    recipe = Recipe(method="pretrain", tokens=1e9, global_batch=16, seq_len=2048)
+    space = SearchSpace(
+        micro_batches=(1, 2),
+        recomputes=("none", "full"),
+        offloads=("none",),
+        device_counts=(1, 2, 4),
+        pp_schedules=("1f1b",),
+        max_devices=4,
+    )
+    names = ("a100-80gb", "h100-sxm")
+    accs = [get_accelerator(n) for n in names]
+    result = plan(model, recipe, accs, space=space, objective="time", top=3)
+    best = math.inf
+    best_cfg: tuple[object, ...] = ()
+    for acc in accs:
+        for n in (1, 2, 4):
+            for tp in (1, 2, 4):
+                for pp in (1, 2, 4):
+                    if n % (tp * pp):
+                        continue
+                    for zero in (0, 1, 2, 3):
+                        for sp in (False, True):
+                            for mb in (1, 2):
+                                for rc in ("none", "full"):
+                                    try:
+                                        lay = Layout(
+                                            dp=n // (tp * pp), tp=tp, pp=pp, zero=zero, sequence_parallel=sp
+                                        )
+                                        e = estimate(
+                                            System(accelerator=acc, num_devices=n),
+                                            model,
+                                            replace(recipe, micro_batch=mb, recompute=rc),
+                                            lay,
+                                        )
+                                    except TrainplanError:
+                                        continue
+                                    if e.feasible and e.run.time_s is not None and e.run.time_s < best:
+                                        best = e.run.time_s
+                                        best_cfg = (acc.name, n, lay, mb, rc)
+    assert result.fastest is not None
+    got = result.fastest.estimate
+    assert got.run.time_s == pytest.approx(best, rel=1e-9), best_cfg
+    assert result.plans[0].estimate.run.time_s == pytest.approx(best, rel=1e-9)
+
+
+def test_every_printed_plan_is_feasible_and_deterministic() -> None:
+    model = load_model("llama-3.2-1b")
+    recipe = Recipe(method="full", tokens=2e9)
+    accs = [get_accelerator(n) for n in ("h100-sxm", "a100-40gb", "tpu-v6e", "trn1", "gaudi2")]
+    a = plan(model, recipe, accs, space=SMALL, objective="balanced", top=8)
+    b = plan(model, recipe, list(reversed(accs)), space=SMALL, objective="balanced", top=8)
+    da, db = a.to_dict(), b.to_dict()
+    da["search"]["seconds"] = db["search"]["seconds"] = 0.0  # type: ignore[index]
+    assert json.dumps(da, sort_keys=True, default=str) == json.dumps(db, sort_keys=True, default=str)
+    shown = [*a.plans, *a.pareto, a.fastest, a.cheapest]
+    assert len(a.plans) == 8
+    for p in shown:
+        assert p is not None
+        assert p.estimate.feasible
+        assert p.explanation.binds
+    # the Pareto front is non-dominated and sorted by time
+    times = [p.estimate.run.time_s for p in a.pareto]
+    costs = [p.estimate.run.cost_usd for p in a.pareto]
+    assert times == sorted(times)  # type: ignore[type-var]
+    assert costs == sorted(costs, reverse=True)  # type: ignore[type-var]
+    assert a.cheapest is not None and a.cheapest.estimate.run.cost_usd == min(costs)  # type: ignore[type-var]
+    # devices without a price are planned for time, never as free
+    assert "gaudi2" in a.unpriced
+    assert all(p.estimate.system.accelerator.name != "gaudi2" for p in a.pareto)
+
+
+def test_qlora_7b_single_consumer_gpu_is_among_cheapest() -> None:
+    model = load_model("llama-2-7b")
+    recipe = Recipe(method="qlora", tokens=1e8)
+    accs = [get_accelerator(n) for n in ("rtx-4090", "a100-80gb", "h100-sxm", "h200")]
+    space = SearchSpace(micro_batches=(1, 2), max_devices=8)
+    # RTX 4090 rented per GPU (community clouds list ~$0.3-0.7/h); the catalog has no price for it.
+    res = plan(model, recipe, accs, space=space, objective="cost", top=10, prices={"rtx-4090": 0.40})
+    assert res.min_devices["rtx-4090"] == 1
+    cheapest = res.cheapest
+    assert cheapest is not None and cheapest.estimate.run.cost_usd is not None
+    single = [p for p in res.plans if p.label == "1×rtx-4090"]
+    assert single, [p.label for p in res.plans]
+    e = single[0].estimate
+    assert e.feasible and e.memory.capacity_bytes < 30e9
+    assert e.run.cost_usd is not None and e.run.cost_usd <= 1.02 * cheapest.estimate.run.cost_usd
+
+
+def test_llama_70b_full_finetune_minimum_devices_follow_the_memory_model() -> None:
+    model = load_model("llama-3.1-70b")
+    recipe = Recipe(method="full", tokens=1e9, global_batch=64)
+    names = ("h100-sxm", "h200", "b200", "mi300x")
+    # without CPU offload (with ZeRO-Infinity parameter offload one device "fits" any of them)
+    space = SearchSpace(
+        micro_batches=(1,),
+        recomputes=("full",),
+        offloads=("none",),
+        device_counts=(1, 2, 4, 8, 16, 32, 64),
+        max_devices=64,
+    )
+    res = plan(model, recipe, [get_accelerator(n) for n in names], space=space, top=4)
+    mins = res.min_devices
+    assert all(mins[n] is not None for n in names), mins
+    # more memory per device never needs more devices
+    assert mins["h100-sxm"] >= mins["h200"] >= mins["b200"]  # type: ignore[operator]
+    assert mins["h200"] >= mins["mi300x"]  # type: ignore[operator]
+    # 16 bytes per parameter of model states alone: 70.6e9 * 16 / capacity is a lower bound
+    for n in names:
+        acc = get_accelerator(n)
+        assert mins[n] * acc.memory_bytes >= 70.6e9 * 16  # type: ignore[operator]
+    # check against the scalar estimate at n (fits) and at the previous count (the leanest does not)
+    _, accs, cores, cand, prices, bulk = _bulk("llama-3.1-70b", recipe, names, space)
+    for a, acc in enumerate(accs):
+        least = mins[acc.name]
+        at_n = np.nonzero((cand.acc == a) & (cand.devices == least) & bulk.feasible)[0]
+        assert at_n.size
+        assert _scalar(model, accs, cores, cand, prices, recipe, int(at_n[0])).feasible
+        prev = [c for c in space.device_counts or () if least is not None and c < least]
+        if prev:
+            sel = np.nonzero((cand.acc == a) & (cand.devices == prev[-1]) & bulk.valid)[0]
+            assert not bulk.fits[sel].any()
+            lean = int(sel[np.argmin(bulk.per_device_bytes[sel])])
+            e = _scalar(model, accs, cores, cand, prices, recipe, lean)
+            assert not e.feasible
+            assert e.memory.per_device_bytes == pytest.approx(bulk.per_device_bytes[lean], rel=1e-9)
+
+
+def test_unmeetable_budget_and_deadline_are_explained_with_numbers() -> None:
+    model = load_model("llama-3.2-1b")
+    recipe = Recipe(method="pretrain", tokens=1e10)
+    accs = [get_accelerator("h100-sxm"), get_accelerator("a100-80gb")]
+    res = plan(model, recipe, accs, space=SMALL, budget_usd=1.0)
+    assert not res.constraints_met
+    assert res.plans == ()
+    assert res.closest is not None
+    text = " ".join(res.constraint_failures)
+    assert "budget $1.00 cannot be met" in text and "over" in text
+    cost = res.closest.estimate.run.cost_usd
+    assert (cost is not None and f"{cost:,.0f}" in text) or "$" in text
+    res2 = plan(model, recipe, accs, space=SMALL, deadline_h=0.01)
+    assert not res2.constraints_met
+    assert "deadline 0.01 h cannot be met" in " ".join(res2.constraint_failures)
+    assert res2.closest is not None
+    ok = plan(model, recipe, accs, space=SMALL, budget_usd=1e6, deadline_h=1e4)
+    assert ok.constraints_met and ok.plans
+    assert all(p.estimate.run.cost_usd is not None and p.estimate.run.cost_usd <= 1e6 for p in ok.plans)
+
+
+def test_explanation_names_the_memory_reason_for_too_few_devices() -> None:
+    model = load_model("llama-3.1-8b")
+    recipe = Recipe(method="full", tokens=1e9, global_batch=32)
+    space = SearchSpace(micro_batches=(1,), offloads=("none",), device_counts=(1, 2, 4, 8), max_devices=8)
+    res = plan(model, recipe, [get_accelerator("a100-40gb")], space=space, objective="cost", top=1)
+    assert res.plans
+    alt = " ".join(res.plans[0].explanation.alternatives)
+    n = res.min_devices["a100-40gb"]
+    assert n is not None and n > 1
+    assert f"{n // 2}×a100-40gb does not fit" in alt and "per device >" in alt
+
+
+def test_compare_each_accelerator_at_its_best_layout() -> None:
+    model = load_model("llama-3.2-1b")
+    recipe = Recipe(method="pretrain", tokens=1e9)
+    res = compare(model, recipe, [get_accelerator(n) for n in ("h100-sxm", "h200", "wse-3")], space=SMALL)
+    by = {b.hardware: b for b in res.per_accelerator}
+    assert set(by) == {"h100-sxm", "h200", "wse-3"}
+    assert by["h100-sxm"].plan is not None and by["h200"].plan is not None
+    assert by["wse-3"].plan is None and by["wse-3"].reason
+
+
+# --- CLI --------------------------------------------------------------------------------------
+def test_cli_plan_json_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "plan",
+            "llama-3.2-1b",
+            "--method",
+            "pretrain",
+            "--tokens",
+            "1e9",
+            "--hardware",
+            "h100-sxm,a100-80gb",
+            "--max-devices",
+            "8",
+            "--micro-batch",
+            "1",
+            "--top",
+            "2",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("fastest", "cheapest", "pareto", "plans", "constraints", "search", "min_devices"):
+        assert key in out
+    p = out["plans"][0]
+    for key in (
+        "hardware",
+        "devices",
+        "layout",
+        "recipe",
+        "memory",
+        "time",
+        "throughput",
+        "run",
+        "explanation",
+    ):
+        assert key in p
+    assert p["recipe"]["micro_batch"] == 1  # a given flag is a fixed choice
+    for key in ("per_device_bytes", "fits", "weights_bytes", "optimizer_bytes", "activations_bytes"):
+        assert key in p["memory"]
+    for key in ("time_s", "device_hours", "cost_usd", "energy_kwh"):
+        assert key in p["run"]
+    assert p["memory"]["fits"] is True
+    assert set(p["explanation"]) == {"binds", "alternatives"}
+
+
+def test_cli_plan_and_compare_human(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["plan", "llama-3.2-1b", "--tokens", "1e9", "--hardware", "h100-sxm", "--max-devices", "8"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "fastest:" in out and "why:" in out and "binds:" in out
+    args = ["compare", "llama-3.2-1b", "--tokens", "1e9", "--hardware", "h100-sxm,h200", "--devices", "8"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [h["hardware"] for h in out["hardware"]] == ["h100-sxm", "h200"]
+    assert all(h["plan"]["devices"] == 8 for h in out["hardware"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["plan", "llama-3.2-1b", "--hardware", "nope-9000"], "hardware"),
+        (["plan", "llama-3.2-1b", "--hardware", "h100-sxm", "--device-price", "h100-sxm"], "device_price"),
+        (["plan", "llama-3.2-1b", "--hardware", "h100-sxm", "--devices", "x,8"], "devices"),
+        (["plan", "llama-3.2-1b", "--hardware", "h100-sxm", "--precisions", "fp7"], "precisions"),
+        (["plan", "llama-3.2-1b", "--hardware", "h100-sxm", "--budget", "10"], "tokens"),
+        (["plan", "llama-3.2-1b", "--objective", "fast"], "objective"),
+        (["compare", "llama-3.2-1b"], "hardware"),
+    ],
+)
+def test_cli_bad_input_exit_2_one_line(
+    argv: list[str], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(argv))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and field in err
