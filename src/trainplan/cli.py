@@ -6,10 +6,16 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from trainplan.errors import TrainplanError
 from trainplan.units import GB, GiB, fmt_count, fmt_duration
+
+if TYPE_CHECKING:
+    from trainplan.hardware.system import System
+    from trainplan.layout import Layout
+    from trainplan.models.spec import ModelSpec
+    from trainplan.recipe import Recipe
 
 EXIT_BAD_INPUT = 2
 
@@ -207,9 +213,8 @@ def _fmt_size(n_bytes: float, binary: bool) -> str:
     return f"{n_bytes / (GiB if binary else GB):10.2f}"
 
 
-# --- commands -------------------------------------------------------------------------------
-def cmd_estimate(args: argparse.Namespace) -> int:
-    from trainplan.estimate import estimate
+def inputs_from_args(args: argparse.Namespace) -> tuple[System, ModelSpec, Recipe, Layout]:
+    """The four typed inputs of ``estimate`` from the shared model / hardware / layout / recipe flags."""
     from trainplan.hardware import get_accelerator
     from trainplan.hardware.system import System
     from trainplan.layout import Layout
@@ -221,7 +226,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args)
     layout = layout_from_args(args)
     assert isinstance(recipe, Recipe) and isinstance(layout, Layout)
-    system = System(accelerator=acc, num_devices=args.devices)
+    return System(accelerator=acc, num_devices=args.devices), model, recipe, layout
+
+
+# --- commands -------------------------------------------------------------------------------
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from trainplan.estimate import estimate
+
+    system, model, recipe, layout = inputs_from_args(args)
     est = estimate(
         system,
         model,
@@ -268,7 +280,9 @@ def render_estimate(est: object, *, binary: bool = False) -> str:
     if mem.host_bytes:
         lines.append(f"  {'offloaded to host memory':34s}{_fmt_size(mem.host_bytes, binary)}")
     if mem.paged_optimizer_bytes:
-        lines.append(f"  {'paged optimizer (unified memory)':34s}{_fmt_size(mem.paged_optimizer_bytes, binary)}")
+        lines.append(
+            f"  {'paged optimizer (unified memory)':34s}{_fmt_size(mem.paged_optimizer_bytes, binary)}"
+        )
     lines.append("")
     t = est.time
     lines.append(f"step time (busiest device, pipeline stage {t.stage}, {t.micro_batches} micro-batch(es)):")
@@ -380,18 +394,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from trainplan.export import export_plan
-    from trainplan.hardware import get_accelerator
-    from trainplan.hardware.system import System
-    from trainplan.layout import Layout
-    from trainplan.models import load_model
-    from trainplan.recipe import Recipe
 
-    model = load_model(args.model)
-    acc = get_accelerator(args.hardware, args.hardware_file)
-    recipe = recipe_from_args(args)
-    layout = layout_from_args(args)
-    assert isinstance(recipe, Recipe) and isinstance(layout, Layout)
-    system = System(accelerator=acc, num_devices=args.devices)
+    system, model, recipe, layout = inputs_from_args(args)
     result = export_plan(args.to, system, model, recipe, layout)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
@@ -469,7 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_cost_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
     p.add_argument("--gib", action="store_true", help="print sizes in GiB (2^30) instead of GB (10^9)")
-    p.add_argument("--plot", metavar="FILE", default=None, help="also save a plot (.png or .svg; needs trainplan[plot])")
+    p.add_argument(
+        "--plot", metavar="FILE", default=None, help="also save a plot (.png or .svg; needs trainplan[plot])"
+    )
     p.set_defaults(func=cmd_estimate)
 
     p = sub.add_parser("hardware", help="the accelerator catalog")
@@ -498,7 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_recipe_arguments(p)
     p.add_argument("--depth", type=_positive_int, default=None, help="trace this many layers (default: all)")
     p.add_argument(
-        "--device", choices=("fake", "cuda"), default="fake", help="fake: FakeTensorMode on CPU (exact, no memory)"
+        "--device",
+        choices=("fake", "cuda"),
+        default="fake",
+        help="fake: FakeTensorMode on CPU (exact, no memory)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_verify)
