@@ -7,7 +7,11 @@ second on one core, a full plan over the whole catalog in <= 2 s. Prints medians
 * ``bulk (warm)``: ``BulkEvaluator.evaluate`` over every candidate of a search, per-core tables
   already built (memory for all candidates, time for those that fit and are not dominated);
 * ``bulk (cold)``: the same including the per-core tables (scalar calls per distinct core);
-* ``plan``: ``plan()`` end to end over the whole catalog, cold (nothing cached between runs).
+* ``plan``: ``plan()`` end to end over the whole catalog, cold (nothing cached between runs); it
+  evaluates with ``prune_slower=True``, so it computes step times only for candidates that can
+  still be the fastest at their (accelerator, device count) (docs/plan.md, pruning).
+
+The bulk columns evaluate every candidate (no step-time pruning), as the equality tests do.
 """
 
 from __future__ import annotations

@@ -359,3 +359,24 @@ def test_cli_bad_input_exit_2_one_line(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and field in err
+
+
+def test_step_time_pruning_keeps_the_fastest_layout_at_every_hardware_and_count() -> None:
+    recipe = Recipe(method="pretrain", tokens=1e9, global_batch=32, seq_len=4096)
+    names = ("h100-sxm", "mi300x", "tpu-v5p", "rtx-4090", "gb200")
+    model, accs, cores, cand, prices, full = _bulk("llama-3.2-1b", recipe, names, SMALL)
+    cut = BulkEvaluator(model, recipe, cores, accs, prices, pue=1.2).evaluate(cand, prune_slower=True)
+    assert cut.slower.any()
+    # only candidates that fit and are not offload-dominated are cut; nothing else changes
+    assert np.array_equal(cut.feasible | cut.slower, full.feasible)
+    assert not (cut.feasible & cut.slower).any()
+    kept = np.nonzero(cut.feasible)[0]
+    assert np.array_equal(cut.step_s[kept], full.step_s[kept])
+    assert np.array_equal(cut.per_device_bytes, full.per_device_bytes, equal_nan=True)
+    group = cand.acc * 100_000 + cand.devices
+    for g in np.unique(group[full.feasible]).tolist():
+        at = (group == g) & full.feasible
+        best = float(np.min(full.step_s[at]))
+        assert float(np.min(cut.step_s[at & cut.feasible])) == best
+        # every cut candidate is strictly slower than the fastest there
+        assert (full.step_s[at & cut.slower] > best).all()

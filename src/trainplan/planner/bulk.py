@@ -79,6 +79,10 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 ZERO_STAGES: Final = (0, 1, 2, 3)
+PROBES_PER_GROUP: Final = 4
+"""Candidates per (accelerator, devices) whose exact step time sets the pruning threshold."""
+SLOWER_MARGIN: Final = 1e-9
+"""Relative slack of the step-time pruning rule (the bound is exact; the slack only keeps more)."""
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
@@ -169,6 +173,7 @@ class BulkResult:
 
     invalid: IntArray  # 0 = valid, else an INVALID_* code
     dominated: BoolArray  # fits, but a variant with less offload fits too and is no slower
+    slower: BoolArray  # fits, but its step-time lower bound exceeds another's at the same hardware
     per_device_bytes: FloatArray
     capacity_bytes: FloatArray
     weights_bytes: FloatArray
@@ -207,7 +212,7 @@ class BulkResult:
     @property
     def feasible(self) -> BoolArray:
         """Fits and is not dominated: these have step time, throughput and cost."""
-        return np.asarray(self.fits & ~self.dominated)
+        return np.asarray(self.fits & ~self.dominated & ~self.slower)
 
     def row(self, i: int) -> dict[str, float]:
         """One candidate's figures, keyed like ``Estimate.to_dict()`` (dotted)."""
@@ -325,14 +330,61 @@ class BulkEvaluator:
         self.prices = prices
         self.pue = pue
         self._state_cache: dict[tuple[object, ...], tuple[float, ...] | None] = {}
+        self._layout_cache: dict[tuple[object, ...], Layout] = {}
         self._stage_cache: dict[int, list[tuple[StageFlops, tuple[bool, ...]]]] = {}
-        self._eta_cache: dict[tuple[object, ...], float] = {}
-        self._accel_cache: dict[tuple[int, str], _Accel] = {}
+        self._eta_cache: dict[int, FloatArray] = {}
+        self._eta_index: dict[tuple[object, ...], int] = {}
+        self._eta_keys: list[tuple[tuple[Any, ...], tuple[int, ...], Layout]] = []
+        self._stage_recipes: dict[tuple[object, ...], Recipe] = {}
+        self._kinds: dict[tuple[int, ...], tuple[bool, ...]] = {}
+        self._accel_cache: dict[tuple[int, int], _Accel] = {}
+        self._accel_tabs: dict[str, FloatArray] = {}
+        self._precs: list[str] = sorted({c.precision for c in cores})
+        self._prec_index = {p: i for i, p in enumerate(self._precs)}
+        self._c_prec = np.array([self._prec_index[c.precision] for c in cores], dtype=np.int64)
+        self._prec_core = [next(i for i, c in enumerate(cores) if c.precision == p) for p in self._precs]
         counts = count_params(model)
         self._expert = float(counts.moe_experts)
         self._dense = float(counts.total - counts.moe_experts)
         self._build_core_tables()
-        self._time_tables: dict[int, dict[str, FloatArray]] = {}
+        self._time_tab = np.full((5, len(accelerators), len(self._fkeys)), np.nan)
+
+    def _layout(self, dp: int, tp: int, pp: int, cp: int, ep: int, zero: int, *rest: object) -> Layout:
+        """Layouts are validated on construction; the tables reuse them."""
+        key = (dp, tp, pp, cp, ep, zero, *rest)
+        got = self._layout_cache.get(key)
+        if got is None:
+            if rest:
+                sp, sched, v = rest
+                got = Layout(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    cp=cp,
+                    ep=ep,
+                    zero=zero,
+                    sequence_parallel=cast(bool, sp),
+                    pp_schedule=cast(PipelineSchedule, sched),
+                    virtual_stages=cast(int, v),
+                )
+            else:
+                got = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero)
+            self._layout_cache[key] = got
+        return got
+
+    def _core_layout(self, core: Core) -> Layout:
+        """``core.layout(core.ep, 0)``: the smallest data-parallel degree ``ep`` allows."""
+        return self._layout(
+            core.ep,
+            core.tp,
+            core.pp,
+            core.cp,
+            core.ep,
+            0,
+            core.sequence_parallel,
+            core.pp_schedule,
+            core.virtual_stages,
+        )
 
     # ----- memory tables ------------------------------------------------------------------
     def _states(self, core: Core, zero: int, stage: int) -> tuple[float, ...] | None:
@@ -346,7 +398,7 @@ class BulkEvaluator:
         trainable = params = 0.0
         try:
             for dp in (dp1, 2 * dp1):
-                layout = Layout(dp=dp, tp=core.tp, pp=core.pp, cp=core.cp, ep=core.ep, zero=zero)
+                layout = self._layout(dp, core.tp, core.pp, core.cp, core.ep, zero)
                 dev = device_params(self.model, layout, stage, recipe.lora)
                 st = _model_states(self.model, recipe, layout, dev)
                 values.append([float(getattr(st, f)) for f in _STATE_FIELDS])
@@ -366,54 +418,77 @@ class BulkEvaluator:
     def _build_core_tables(self) -> None:
         n = len(self.cores)
         nf = len(_STATE_FIELDS)
-        # states[core, zero, stage(0=first, 1=last), 2*nf + 2]
-        states = np.full((n, 4, 2, 2 * nf + 2), np.nan)
-        act1 = np.zeros((n, 2))
-        act_slope = np.zeros((n, 2))
-        held = np.ones((n, 2))
-        logits = np.zeros((n, 2))
-        transient = np.zeros((n, 2))
         big = 1 << 40
         model = self.model
         no_ib = replace(self.base, optimizer_in_backward=False)
-        act_cache: dict[tuple[object, ...], tuple[float, float, float, float, float, float]] = {}
-        loss_t_tab = np.zeros((n, 2))
+        # Distinct keys: model states depend on (tp, pp, cp, ep, precision, offload); saved
+        # activations on every layout and recipe choice but the offload. Each is computed once.
+        skeys: dict[tuple[object, ...], int] = {}
+        akeys: dict[tuple[object, ...], int] = {}
+        s_of_core = np.empty(n, dtype=np.int64)
+        a_of_core = np.empty(n, dtype=np.int64)
+        s_rep: list[Core] = []
+        a_rep: list[Core] = []
         for c, core in enumerate(self.cores):
-            stages = (0, core.pp - 1)
+            sk = (core.tp, core.pp, core.cp, core.ep, core.precision, core.offload)
+            i = skeys.get(sk)
+            if i is None:
+                i = skeys[sk] = len(s_rep)
+                s_rep.append(core)
+            s_of_core[c] = i
+            ak = (
+                core.tp,
+                core.pp,
+                core.cp,
+                core.ep,
+                core.sequence_parallel,
+                core.micro_batch,
+                core.recompute,
+                core.precision,
+                core.pp_schedule,
+                core.virtual_stages,
+            )
+            j = akeys.get(ak)
+            if j is None:
+                j = akeys[ak] = len(a_rep)
+                a_rep.append(core)
+            a_of_core[c] = j
+        # states[key, zero, stage(0=first, 1=last), 2*nf + 2]
+        s_tab = np.full((len(s_rep), 4, 2, 2 * nf + 2), np.nan)
+        for i, core in enumerate(s_rep):
             for z in ZERO_STAGES:
-                for k, stage in enumerate(stages):
+                for k, stage in enumerate((0, core.pp - 1)):
                     s = self._states(core, z, stage)
                     if s is not None:
-                        states[c, z, k] = s
-            for k, stage in enumerate(stages):
-                key = (
-                    core.tp,
-                    core.pp,
-                    core.cp,
-                    core.ep,
-                    core.sequence_parallel,
-                    core.micro_batch,
-                    core.recompute,
-                    core.precision,
-                    core.pp_schedule,
-                    core.virtual_stages,
-                    stage,
-                )
-                got = act_cache.get(key)
+                        s_tab[i, z, k] = s
+        # activations = a1 + slope·(inflight − 1): linear in the in-flight micro-batches
+        a_tab = np.zeros((len(a_rep), 2, 6))
+        recipes: dict[tuple[object, ...], Recipe] = {}
+        for j, core in enumerate(a_rep):
+            rkey = (core.micro_batch, core.recompute, core.precision)
+            recipe = recipes.get(rkey)
+            if recipe is None:
+                recipe = recipes[rkey] = replace(core.recipe(no_ib), offload="none")
+            layout = self._core_layout(core)
+            done: dict[int, tuple[float, ...]] = {}
+            for k, stage in enumerate((0, core.pp - 1)):
+                got = done.get(stage)
                 if got is None:
-                    layout = core.layout(core.ep, 0)
-                    recipe = replace(core.recipe(no_ib), offload="none")
                     hd = float(inflight_microbatches(layout, stage, big))
                     one = _stage_breakdown(model, recipe, layout, stage, float("inf"), 1)
                     slope = 0.0
                     if hd > 1.0:
                         many = _stage_breakdown(model, recipe, layout, stage, float("inf"), big)
                         slope = (many.activations_bytes - one.activations_bytes) / (hd - 1.0)
-                    # activations = a1 + slope·(inflight − 1): linear in the in-flight micro-batches
                     loss_t = logits_bytes(model, recipe, layout)[1] if stage == core.pp - 1 else 0.0
                     got = (one.activations_bytes, slope, hd, one.logits_bytes, one.transient_bytes, loss_t)
-                    act_cache[key] = got
-                act1[c, k], act_slope[c, k], held[c, k], logits[c, k], transient[c, k], loss_t_tab[c, k] = got
+                    done[stage] = got
+                a_tab[j, k] = got
+        states = s_tab[s_of_core]
+        acts = a_tab[a_of_core]
+        act1, act_slope, held, logits, transient, loss_t_tab = (
+            np.ascontiguousarray(acts[:, :, q]) for q in range(6)
+        )
         flat = states.reshape(n * 4, 2, 2 * nf + 2)
         self._states_bad = np.isnan(flat[:, 0, 0])
         flat = np.where(np.isnan(flat), 0.0, flat)
@@ -444,7 +519,8 @@ class BulkEvaluator:
         self._c_int = ints
         fkeys: dict[tuple[object, ...], int] = {}
         reps: list[Core] = []
-        fk_of_core = []
+        fk_of_core: list[int] = []
+        fk_first: list[int] = []
         for co in self.cores:
             fkey: tuple[object, ...] = (
                 co.tp,
@@ -459,6 +535,7 @@ class BulkEvaluator:
             )
             if fkey not in fkeys:
                 fkeys[fkey] = len(reps)
+                fk_first.append(len(fk_of_core))
                 reps.append(
                     replace(
                         co, offload="none", pp_schedule="interleaved" if co.virtual_stages > 1 else "1f1b"
@@ -466,6 +543,7 @@ class BulkEvaluator:
                 )
             fk_of_core.append(fkeys[fkey])
         self._fkeys = reps
+        self._fkey_core = np.array(fk_first, dtype=np.int64)  # a core of each compute key
         self._c_fkey = np.array(fk_of_core, dtype=np.int64)
         self._c_sp = np.array([co.sequence_parallel for co in self.cores], dtype=bool)
         self._c_full = np.array([co.recompute == "full" for co in self.cores], dtype=bool)
@@ -507,62 +585,147 @@ class BulkEvaluator:
         self._tokens_per_step = float(self.base.global_batch or 0) * self.base.seq_len
 
     # ----- time tables ----------------------------------------------------------------------
-    def _accel(self, a: int, core: Core) -> _Accel:
-        key = (a, core.precision)
+    def _accel(self, a: int, p: int) -> _Accel:
+        key = (a, p)
         if key not in self._accel_cache:
-            self._accel_cache[key] = accel_constants(
-                self.accelerators[a], core.recipe(self.base), self.prices[a]
-            )
+            recipe = self.cores[self._prec_core[p]].recipe(self.base)
+            self._accel_cache[key] = accel_constants(self.accelerators[a], recipe, self.prices[a])
         return self._accel_cache[key]
 
-    def _eta(self, a: int, core: Core, layers: tuple[int, ...], kinds: tuple[bool, ...], ax: _Accel) -> float:
-        tokens = core.micro_batch * (self.base.seq_len // core.cp)
-        key = (a, kinds, tokens, core.tp, core.ep, ax.dtype)
-        got = self._eta_cache.get(key)
-        if got is None:
-            layout = core.layout(core.ep, 0)
-            got = _stage_gemm_efficiency(
-                self.model, layers, tokens, layout, get_efficiency(ax.acc.name), ax.dtype
-            )
-            self._eta_cache[key] = got
-        return got
+    def _accel_arrays(self, acc: IntArray, prec: IntArray) -> dict[str, FloatArray]:
+        """Accelerator constants as (accelerator, precision) tables, filled for the pairs used."""
+        na, npr = len(self.accelerators), len(self._precs)
+        tabs = self._accel_tabs
+        if not tabs:
+            for name, fill in (
+                ("peak", 0.0),
+                ("bw", 0.0),
+                ("up_bw", 1.0),
+                ("up_lat", 0.0),
+                ("up_eff", 1.0),
+                ("out_bw", np.nan),
+                ("out_lat", 0.0),
+                ("out_eff", 1.0),
+                ("domain", 1.0),
+                ("host_bw", 0.0),
+                ("price", np.nan),
+                ("tdp", np.nan),
+                ("done", 0.0),
+            ):
+                tabs[name] = np.full((na, npr), fill)
+        mark = np.zeros(na * npr, dtype=bool)
+        mark[acc * npr + prec] = True
+        for pair in np.flatnonzero(mark).tolist():
+            a, p = divmod(pair, npr)
+            if tabs["done"][a, p]:
+                continue
+            ax = self._accel(a, p)
+            tabs["peak"][a, p] = ax.peak
+            tabs["bw"][a, p] = ax.bw
+            tabs["up_bw"][a, p], tabs["up_lat"][a, p], tabs["up_eff"][a, p] = ax.up
+            if ax.out is not None:
+                tabs["out_bw"][a, p], tabs["out_lat"][a, p], tabs["out_eff"][a, p] = ax.out
+            tabs["domain"][a, p] = ax.domain
+            tabs["host_bw"][a, p] = ax.host_bw
+            if ax.price is not None:
+                tabs["price"][a, p] = ax.price
+            if ax.tdp_w is not None:
+                tabs["tdp"][a, p] = ax.tdp_w
+            tabs["done"][a, p] = 1.0
+        return tabs
 
-    def _time_table(self, a: int, core_ids: IntArray) -> dict[str, FloatArray]:
-        """Per-micro-batch times of the busiest stage (``timing.step_time``) on accelerator ``a``.
+    def _time_tables(self, acc: IntArray, fkey: IntArray) -> FloatArray:
+        """Per-micro-batch times of the busiest stage (``timing.step_time``): ``[t_f, t_b, t_r,
+        a_f, a_b]`` as (accelerator, compute key) tables, filled for the pairs used.
 
         Keyed by the compute key of each core (offload and the pipeline schedule do not change
-        the work of a micro-batch; the number of virtual stages does)."""
-        nk = len(self._fkeys)
-        tab = self._time_tables.get(a)
-        if tab is None:
-            tab = {k: np.full(nk, np.nan) for k in ("t_f", "t_b", "t_r", "a_f", "a_b")}
-            self._time_tables[a] = tab
-        keys = np.unique(self._c_fkey[core_ids])
-        for fk in keys[np.isnan(tab["t_f"][keys])]:
-            core = self._fkeys[int(fk)]
-            ax = self._accel(a, core)
-            best: tuple[float, float, float, float, float] | None = None
-            best_total = -1.0
-            for st, kinds in self._stages(int(fk)):
-                eta = self._eta(a, core, st.layers, kinds, ax)
-                f = _pass_time_s(st.forward, ax.peak, eta, ax.eta_attn, ax.bw) / ax.kappa
-                b = (
-                    _pass_time_s(st.backward, ax.peak, eta, ax.eta_attn, ax.bw) + st.dequant_bytes / ax.bw
-                ) / ax.kappa
-                r = _pass_time_s(st.recompute, ax.peak, eta, ax.eta_attn, ax.bw) / ax.kappa
-                total = f + b + r
-                if total > best_total:  # first maximum, as max() in step_time
-                    best_total = total
-                    best = (
-                        f,
-                        b,
-                        r,
-                        st.forward.attention_flops / (ax.peak * ax.eta_attn),
-                        st.backward.attention_flops / (ax.peak * ax.eta_attn),
-                    )
-            assert best is not None
-            tab["t_f"][fk], tab["t_b"][fk], tab["t_r"][fk], tab["a_f"][fk], tab["a_b"][fk] = best
+        the work of a micro-batch; the number of virtual stages does). All stages of all compute
+        keys are done at once on (stage, accelerator) arrays: ``timing._pass_time_s`` itself runs
+        on them (the same IEEE operations as the scalar call, element by element), and the
+        busiest stage is the first maximum, as ``max()`` in ``step_time``.
+        """
+        na, nk = len(self.accelerators), len(self._fkeys)
+        tab = self._time_tab
+        mark = np.zeros(nk * na, dtype=bool)
+        mark[fkey * na + acc] = True
+        pairs = np.flatnonzero(mark)
+        pairs = pairs[np.isnan(tab[0].T.reshape(-1)[pairs])]
+        if pairs.size == 0:
+            return tab
+        fks, accs = np.divmod(pairs, na)
+        fk_prec = self._c_prec[self._fkey_core]
+        for p in np.unique(fk_prec[fks]).tolist():
+            on = fk_prec[fks] == p
+            a_ids = np.unique(accs[on])
+            k_ids = np.unique(fks[on])
+            self._fill_time_block(tab, int(p), a_ids, k_ids)
         return tab
+
+    def _fill_time_block(self, tab: FloatArray, p: int, a_ids: IntArray, k_ids: IntArray) -> None:
+        axs = [self._accel(a, p) for a in a_ids.tolist()]
+        peak = np.array([ax.peak for ax in axs])[None, :]
+        bw = np.array([ax.bw for ax in axs])[None, :]
+        eta_attn = np.array([ax.eta_attn for ax in axs])[None, :]
+        kappa = np.array([ax.kappa for ax in axs])[None, :]
+        # one row per distinct stage of each compute key, in order
+        rows: list[tuple[StageFlops, int]] = []
+        starts: list[int] = []
+        for fk in k_ids.tolist():
+            starts.append(len(rows))
+            core = self._fkeys[fk]
+            for st, kinds in self._stages(fk):
+                rows.append((st, self._eta_row(core, st.layers, kinds)))
+        eta_rows = np.array([r for _, r in rows], dtype=np.int64)
+        used = np.unique(eta_rows)
+        eta = np.stack([self._eta_values(e, a_ids) for e in used.tolist()])[np.searchsorted(used, eta_rows)]
+
+        def cost(name: str) -> _ArrayCost:
+            passes = [getattr(st, name) for st, _ in rows]
+            return _ArrayCost(
+                gemm_flops=np.array([c.gemm_flops for c in passes])[:, None],
+                attention_flops=np.array([c.attention_flops for c in passes])[:, None],
+                memory_bytes=np.array([c.memory_bytes for c in passes])[:, None],
+            )
+
+        fwd, bwd, rec = cost("forward"), cost("backward"), cost("recompute")
+        dequant = np.array([st.dequant_bytes for st, _ in rows])[:, None]
+        f = _pass(fwd, peak, eta, eta_attn, bw) / kappa
+        b = (_pass(bwd, peak, eta, eta_attn, bw) + dequant / bw) / kappa
+        r = _pass(rec, peak, eta, eta_attn, bw) / kappa
+        total = f + b + r
+        a_f = fwd.attention_flops / (peak * eta_attn) + 0.0 * f
+        a_b = bwd.attention_flops / (peak * eta_attn) + 0.0 * f
+        st_idx = np.array(starts, dtype=np.int64)
+        top = np.maximum.reduceat(total, st_idx, axis=0)
+        seg = np.repeat(np.arange(st_idx.size), np.diff(np.r_[st_idx, len(rows)]))
+        row_no = np.broadcast_to(np.arange(len(rows))[:, None], total.shape)
+        first = np.minimum.reduceat(np.where(total == top[seg], row_no, len(rows)), st_idx, axis=0)
+        cols = np.broadcast_to(np.arange(a_ids.size)[None, :], first.shape)
+        for j, x in enumerate((f, b, r, a_f, a_b)):
+            tab[j][np.ix_(a_ids, k_ids)] = x[first, cols].T
+
+    def _eta_row(self, core: Core, layers: tuple[int, ...], kinds: tuple[bool, ...]) -> int:
+        """Index of the (stage kinds, tokens, tp, ep, precision) key of ``_stage_gemm_efficiency``."""
+        tokens = core.micro_batch * (self.base.seq_len // core.cp)
+        key = (kinds, tokens, core.tp, core.ep, self._prec_index[core.precision])
+        i = self._eta_index.get(key)
+        if i is None:
+            i = self._eta_index[key] = len(self._eta_keys)
+            self._eta_keys.append((key, layers, self._core_layout(core)))
+        return i
+
+    def _eta_values(self, e: int, accs: IntArray) -> FloatArray:
+        """``timing._stage_gemm_efficiency`` of eta key ``e`` on each accelerator of ``accs``."""
+        (_, tokens, _, _, p), layers, layout = self._eta_keys[e]
+        row = self._eta_cache.get(e)
+        if row is None:
+            row = self._eta_cache[e] = np.full(len(self.accelerators), np.nan)
+        for a in accs[np.isnan(row[accs])].tolist():
+            ax = self._accel(a, p)
+            row[a] = _stage_gemm_efficiency(
+                self.model, layers, tokens, layout, get_efficiency(ax.acc.name), ax.dtype
+            )
+        return np.asarray(row[accs])
 
     def _stages(self, fk: int) -> list[tuple[StageFlops, tuple[bool, ...]]]:
         """The distinct stages of a compute key (stages with the same work cost the same; the
@@ -570,12 +733,18 @@ class BulkEvaluator:
         cached = self._stage_cache.get(fk)
         if cached is None:
             core = self._fkeys[fk]
-            recipe = replace(core.recipe(self.base), global_batch=core.micro_batch * core.ep)
-            recipe = replace(recipe, offload="none")
+            rkey = (core.micro_batch, core.recompute, core.precision, core.ep)
+            recipe = self._stage_recipes.get(rkey)
+            if recipe is None:
+                recipe = replace(core.recipe(self.base), global_batch=core.micro_batch * core.ep)
+                recipe = self._stage_recipes[rkey] = replace(recipe, offload="none")
             seen: set[tuple[object, ...]] = set()
             cached = []
-            for st in device_flops(self.model, recipe, core.layout(core.ep, 0)):
-                kinds = tuple(dict.fromkeys(self.model.is_moe_layer(i) for i in st.layers))
+            for st in device_flops(self.model, recipe, self._core_layout(core)):
+                kinds = self._kinds.get(st.layers)
+                if kinds is None:
+                    kinds = tuple(dict.fromkeys(self.model.is_moe_layer(i) for i in st.layers))
+                    self._kinds[st.layers] = kinds
                 key = (st.forward, st.backward, st.recompute, st.dequant_bytes, kinds)
                 if key in seen:
                     continue
@@ -585,26 +754,115 @@ class BulkEvaluator:
         return cached
 
     # ----- evaluation -----------------------------------------------------------------------
-    def evaluate(self, cand: Candidates) -> BulkResult:
+    def evaluate(self, cand: Candidates, *, prune_slower: bool = False) -> BulkResult:
+        """Memory of every candidate; step time, throughput and cost of those that fit.
+
+        ``prune_slower``: skip the time of candidates that provably cannot be the fastest at
+        their (accelerator, device count) — their step-time lower bound exceeds the step time
+        of another candidate there (``BulkResult.slower``, see ``_prune_slower``).
+        """
         n = len(cand)
-        core = cand.core
-        zero = cand.zero
-        dp = cand.dp.astype(np.float64)
-        dpi = cand.dp
         devices = cand.devices
+        acc = cand.acc
+
+        # --- memory (memory._stage_breakdown / memory_breakdown) -------------------------
+        # Memory depends on (core, ZeRO stage, dp) only, not on the accelerator: it is computed
+        # once per distinct key and gathered (the catalog shares device counts, so most
+        # candidates repeat a key).
+        key, u_core, u_zero, u_dp, twin_key = self._memory_keys(cand)
+        mem = self._memory(u_core, u_zero, u_dp)
+        u_invalid, u_m = mem["invalid"], mem["m"]
+        invalid = u_invalid[key]
+        m = u_m[key]
+        capacity = np.array([a.memory_bytes for a in self.accelerators])[acc]
+        per_device = mem["per_device"][key]
+
+        # --- validity that needs the network, and dominance (before any time is computed) -------
+        dom_acc = np.array([ac.scale_up.domain_size for ac in self.accelerators], dtype=np.int64)[acc]
+        no_out = np.array([ac.scale_out is None for ac in self.accelerators], dtype=bool)[acc]
+        net_bad = (devices > np.minimum(dom_acc, devices)) & no_out
+        invalid[net_bad & (invalid == VALID)] = INVALID_NETWORK
+        fits = (invalid == VALID) & (per_device <= capacity)
+        dominated = self._dominated(cand, fits, twin_key, u_invalid, mem["per_device"], capacity, net_bad)
+        sub = np.nonzero(fits & ~dominated)[0]
+        slower = np.zeros(n, dtype=bool)
+        if prune_slower and sub.size:
+            sub, cut = self._prune_slower(cand, sub, m, key, mem)
+            slower[cut] = True
+        tm = self._time(cand.take(sub), m[sub], mem["trainable"][key[sub]], mem["params_dev"][key[sub]])
+
+        def full(x: FloatArray) -> FloatArray:
+            out = np.full(n, np.nan)
+            out[sub] = x
+            return out
+
+        bad = invalid != VALID
+
+        def gather(name: str) -> FloatArray:
+            x = np.array(mem[name][key], dtype=np.float64)
+            x[bad] = np.nan
+            return x
+
+        return BulkResult(
+            invalid=invalid,
+            dominated=dominated,
+            slower=slower,
+            per_device_bytes=gather("per_device"),
+            capacity_bytes=capacity,
+            weights_bytes=gather("weights"),
+            gradients_bytes=gather("gradients"),
+            optimizer_bytes=gather("optimizer"),
+            activations_bytes=gather("activations"),
+            micro_batches=m,
+            **{k: full(v) for k, v in tm.items()},
+        )
+
+    def _memory_keys(self, cand: Candidates) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+        """Index of each candidate's (core, zero, dp) among the distinct ones, the distinct
+        ones' columns, and the key of its one-offload-step-lower twin (-1: none)."""
+        dpi = cand.dp
+        if len(cand) == 0:
+            e = np.zeros(0, dtype=np.int64)
+            return e, e, e, e, e
+        present = np.bincount(dpi)
+        dps = np.flatnonzero(present)
+        lut = np.zeros(present.size, dtype=np.int64)
+        lut[dps] = np.arange(dps.size)
+        ndp = dps.size
+        full_key = (cand.core * 4 + cand.zero) * ndp + lut[dpi]
+        mark = np.zeros(len(self.cores) * 4 * ndp, dtype=bool)
+        mark[full_key] = True
+        ukeys = np.flatnonzero(mark)
+        pos = np.full(mark.size, -1, dtype=np.int64)
+        pos[ukeys] = np.arange(ukeys.size)
+        twin = self._c_twin[cand.core]
+        twin_full = (np.maximum(twin, 0) * 4 + cand.zero) * ndp + lut[dpi]
+        twin_key = np.where(twin >= 0, pos[twin_full], -1)
+        return (
+            pos[full_key],
+            ukeys // (4 * ndp),
+            (ukeys // ndp) % 4,
+            dps[ukeys % ndp],
+            twin_key,
+        )
+
+    def _memory(self, core: IntArray, zero: IntArray, dpi: IntArray) -> dict[str, Any]:
+        """Memory peak and its terms of the worse of the first and the last pipeline stage,
+        for (core, zero, dp) keys; ``invalid`` holds the reasons that do not need the network."""
+        n = core.size
+        dp = dpi.astype(np.float64)
         mb = self._c_int["micro_batch"][core]
         invalid = np.zeros(n, dtype=np.int64)
 
         gb = int(self.base.global_batch or 0)
         per_step = dpi * mb
-        bad_batch = gb % per_step != 0
+        bad_batch = gb % np.maximum(per_step, 1) != 0
         invalid[bad_batch] = INVALID_BATCH
         m = np.where(bad_batch, 1, gb // np.maximum(per_step, 1))
         mf = m.astype(np.float64)
         if self.base.optimizer_in_backward:
             invalid[(m > 1) & (invalid == 0)] = INVALID_OPT_IN_BWD
 
-        # --- memory (memory._stage_breakdown / memory_breakdown) -------------------------
         cz = core * 4 + zero
         invalid[self._states_bad[cz] & (invalid == 0)] = INVALID_STATES
 
@@ -612,8 +870,7 @@ class BulkEvaluator:
             j = _STATE_FIELDS.index(name)
             return np.asarray(self._sA[j][k][cz] + self._sB[j][k][cz] / dp)
 
-        acc = cand.acc
-        capacity = np.array([a.memory_bytes for a in self.accelerators])[acc]
+        capacity = np.full(n, np.inf)  # the peak does not depend on the capacity
         grads_live = (m > 1) | self.base.optimizer_in_backward
         stage_vals = []
         for k in (0, 1):
@@ -663,75 +920,112 @@ class BulkEvaluator:
             )
         last_worse = stage_vals[1][0] > stage_vals[0][0]
         pick = [np.where(last_worse, b, a) for a, b in zip(stage_vals[0], stage_vals[1], strict=True)]
-        per_device, weights, grads, optimizer, activations, trainable, params_dev = pick
+        names = ("per_device", "weights", "gradients", "optimizer", "activations", "trainable", "params_dev")
+        out: dict[str, Any] = dict(zip(names, pick, strict=True))
+        out["invalid"] = invalid
+        out["m"] = m
+        return out
 
-        # --- validity that needs the network, and dominance (before any time is computed) -------
-        dom_acc = np.array([ac.scale_up.domain_size for ac in self.accelerators], dtype=np.int64)[acc]
-        no_out = np.array([ac.scale_out is None for ac in self.accelerators], dtype=bool)[acc]
-        invalid[(devices > np.minimum(dom_acc, devices)) & no_out & (invalid == VALID)] = INVALID_NETWORK
-        fits = (invalid == VALID) & (per_device <= capacity)
-        dominated = self._dominated(cand, fits)
-        sub = np.nonzero(fits & ~dominated)[0]
-        tm = self._time(cand.take(sub), m[sub], trainable[sub], params_dev[sub])
-
-        def full(x: FloatArray) -> FloatArray:
-            out = np.full(n, np.nan)
-            out[sub] = x
-            return out
-
-        nanf = np.where(invalid != VALID, np.nan, 1.0)
-        return BulkResult(
-            invalid=invalid,
-            dominated=dominated,
-            per_device_bytes=per_device * nanf,
-            capacity_bytes=capacity,
-            weights_bytes=weights * nanf,
-            gradients_bytes=grads * nanf,
-            optimizer_bytes=optimizer * nanf,
-            activations_bytes=activations * nanf,
-            micro_batches=m,
-            **{k: full(v) for k, v in tm.items()},
-        )
-
-    def _dominated(self, cand: Candidates, fits: BoolArray) -> BoolArray:
+    def _dominated(
+        self,
+        cand: Candidates,
+        fits: BoolArray,
+        twin_key: IntArray,
+        u_invalid: IntArray,
+        u_per_device: FloatArray,
+        capacity: FloatArray,
+        net_bad: BoolArray,
+    ) -> BoolArray:
         """Offload variants whose same layout one offload step lower fits: never faster.
 
         ``timing.step_time`` charges offload ``transfers + update / HOST_MEMORY_BYTES_PER_S`` in
         place of ``update / (HBM bandwidth)`` and adds the weight streaming of parameter offload;
         every other term is the same. Where the HBM bandwidth is at least HOST_MEMORY_BYTES_PER_S the
         lower variant is at least as fast at the same price, so the offload variant is dominated.
+        The twin must be a candidate itself (same accelerator, devices, ZeRO stage) and fit.
         """
         n = len(cand)
-        twin = self._c_twin[cand.core]
-        has = twin >= 0
-        if not has.any():
-            return np.zeros(n, dtype=bool)
-        nc = len(self.cores)
-        key = ((cand.acc * (1 << 24) + cand.devices) * 4 + cand.zero) * nc + cand.core
-        order = np.argsort(key, kind="stable")
-        sk = key[order]
-        tkey = ((cand.acc * (1 << 24) + cand.devices) * 4 + cand.zero) * nc + np.maximum(twin, 0)
-        pos = np.minimum(np.searchsorted(sk, tkey), n - 1)
-        found = has & (sk[pos] == tkey)
-        twin_fits = found & fits[order[pos]]
-        fast_hbm = np.array(
+        fast_hbm_acc = np.array(
             [
                 ac.memory_bandwidth_bytes_per_s * get_efficiency(ac.name).memory_bandwidth_efficiency
                 >= HOST_MEMORY_BYTES_PER_S
                 for ac in self.accelerators
             ],
             dtype=bool,
-        )[cand.acc]
-        return np.asarray(twin_fits & fast_hbm & fits)
+        )
+        sel = np.nonzero(fits & (twin_key >= 0) & fast_hbm_acc[cand.acc])[0]
+        out = np.zeros(n, dtype=bool)
+        if sel.size == 0:
+            return out
+        # is the twin a candidate? (accelerator, devices, zero, core) marked on a dense grid
+        present = np.bincount(cand.devices)
+        devs = np.flatnonzero(present)
+        lut = np.zeros(present.size, dtype=np.int64)
+        lut[devs] = np.arange(devs.size)
+        nc = len(self.cores)
+        group = (cand.acc * devs.size + lut[cand.devices]) * 4 + cand.zero
+        grid = np.zeros(len(self.accelerators) * devs.size * 4 * nc, dtype=bool)
+        grid[group * nc + cand.core] = True
+        g = group[sel]
+        tw = self._c_twin[cand.core[sel]]
+        exists = grid[g * nc + tw]
+        tk = twin_key[sel]
+        twin_fits = exists & (u_invalid[tk] == VALID) & ~net_bad[sel] & (u_per_device[tk] <= capacity[sel])
+        out[sel] = twin_fits
+        return out
+
+    def _prune_slower(
+        self, cand: Candidates, sub: IntArray, m: IntArray, key: IntArray, mem: dict[str, Any]
+    ) -> tuple[IntArray, IntArray]:
+        """Split ``sub`` (candidates that fit, not dominated) into those that may be the fastest
+        at their (accelerator, device count) and those that provably are not.
+
+        Rule: ``bound_only`` gives a lower bound of each candidate's step time (compute, bubble,
+        optimizer and offload terms; the exposed collectives are left out). The exact step time
+        of the ``PROBES_PER_GROUP`` candidates with the smallest bounds at each (accelerator,
+        devices) is computed; a candidate whose bound exceeds the best of them (by more than
+        ``SLOWER_MARGIN``, relative) is slower than that probe on the same hardware, hence also
+        dearer (cost is devices × time × price), and is never the plan chosen there. Ties are kept.
+        """
+        c = cand.take(sub)
+        ms = m[sub]
+        tr = mem["trainable"][key[sub]]
+        pd = mem["params_dev"][key[sub]]
+        bound = self._time(c, ms, tr, pd, bound_only=True)["bound"]
+        k = sub.size
+        group = c.acc * (int(c.devices.max()) + 1) + c.devices
+        order = np.lexsort((np.arange(k), bound, group))
+        gs = group[order]
+        first = np.r_[True, gs[1:] != gs[:-1]]
+        start = np.maximum.accumulate(np.where(first, np.arange(k), 0))
+        gid = np.empty(k, dtype=np.int64)
+        gid[order] = np.cumsum(first) - 1
+        probe = order[(np.arange(k) - start) < PROBES_PER_GROUP]
+        step = self._time(c.take(probe), ms[probe], tr[probe], pd[probe])["step_s"]
+        best = np.full(int(first.sum()), np.inf)
+        np.fmin.at(best, gid[probe], step)
+        keep = ~(bound > best[gid] * (1.0 + SLOWER_MARGIN))
+        return sub[keep], sub[~keep]
 
     def _time(
-        self, cand: Candidates, m: IntArray, trainable: FloatArray, params_dev: FloatArray
+        self,
+        cand: Candidates,
+        m: IntArray,
+        trainable: FloatArray,
+        params_dev: FloatArray,
+        *,
+        bound_only: bool = False,
     ) -> dict[str, FloatArray]:
-        """Step time, throughput and run cost of valid candidates that fit."""
+        """Step time, throughput and run cost of valid candidates that fit.
+
+        ``bound_only``: only ``{"bound": ...}``, the sum of the step's compute, bubble, optimizer
+        and offload terms in the order ``step_s`` adds them; every term left out (exposed
+        collectives) is non-negative, and rounded addition is monotone, so ``bound <= step_s``
+        exactly.
+        """
         n = len(cand)
         core = cand.core
         zero = cand.zero
-        dp = cand.dp.astype(np.float64)
         dpi = cand.dp
         devices = cand.devices
         acc = cand.acc
@@ -742,50 +1036,56 @@ class BulkEvaluator:
         mb = self._c_int["micro_batch"][core]
         v = self._c_int["virtual_stages"][core]
         mf = m.astype(np.float64)
-        del dp
         # --- accelerator constants and per-micro-batch compute --------------------------------
-        t_f = np.zeros(n)
-        t_b = np.zeros(n)
-        t_r = np.zeros(n)
-        a_f = np.zeros(n)
-        a_b = np.zeros(n)
-        peak_fl = np.zeros(n)
-        bw = np.zeros(n)
-        up_bw = np.ones(n)
-        up_lat = np.zeros(n)
-        up_eff = np.ones(n)
-        out_bw = np.full(n, np.nan)
-        out_lat = np.zeros(n)
-        out_eff = np.ones(n)
-        dom_cap = np.ones(n, dtype=np.int64)
-        host_bw = np.zeros(n)
-        price = np.full(n, np.nan)
-        tdp = np.full(n, np.nan)
-        prec_names = np.array([c.precision for c in self.cores])
-        for a in np.unique(acc):
-            sel = np.nonzero(acc == a)[0]
-            cores_a = core[sel]
-            tt = self._time_table(int(a), np.unique(cores_a))
-            fk = self._c_fkey[cores_a]
-            t_f[sel] = tt["t_f"][fk]
-            t_b[sel] = tt["t_b"][fk]
-            t_r[sel] = tt["t_r"][fk]
-            a_f[sel] = tt["a_f"][fk]
-            a_b[sel] = tt["a_b"][fk]
-            for prec in np.unique(prec_names[cores_a]):
-                sub = sel[prec_names[cores_a] == prec]
-                ax = self._accel(int(a), self.cores[int(cores_a[prec_names[cores_a] == prec][0])])
-                peak_fl[sub] = ax.peak
-                bw[sub] = ax.bw
-                up_bw[sub], up_lat[sub], up_eff[sub] = ax.up
-                if ax.out is not None:
-                    out_bw[sub], out_lat[sub], out_eff[sub] = ax.out
-                dom_cap[sub] = ax.domain
-                host_bw[sub] = ax.host_bw
-                if ax.price is not None:
-                    price[sub] = ax.price
-                if ax.tdp_w is not None:
-                    tdp[sub] = ax.tdp_w
+        fk = self._c_fkey[core]
+        tt = self._time_tables(acc, fk)
+        t_f, t_b, t_r = tt[0][acc, fk], tt[1][acc, fk], tt[2][acc, fk]
+        ac = self._accel_arrays(acc, self._c_prec[core])
+        pi = self._c_prec[core]
+
+        def col(name: str) -> FloatArray:
+            return np.asarray(ac[name][acc, pi])
+
+        bw = col("bw")
+        host_bw = col("host_bw")
+        shard_size = dpi * cp
+        full = self._c_full[core]
+
+        # --- bubble, optimizer, offload (timing.step_time) --------------------------------------
+        t_mb = t_f + t_b + t_r
+        sched = self._c_sched[core]
+        p1 = (pp - 1).astype(np.float64)
+        bubble = np.where(sched == 1, p1 * t_mb / v, np.where(sched == 2, p1 * t_mb / 3.0, p1 * t_mb))
+        bubble = np.where(pp == 1, 0.0, bubble)
+        trained_shard = trainable / np.where(zero >= 1, shard_size, 1)
+        update = trained_shard * self._c_update[core]
+        off = self._c_off[core]
+        optimizer_s = np.where(off == 0, update / bw, 0.0)
+        shard_div = np.maximum(1, shard_size)
+        grads_out = trainable * 2.0 / shard_div
+        has_host = host_bw > 0
+        safe_host = np.where(has_host, host_bw, 1.0)
+        transfer = np.where(has_host, (grads_out + grads_out) / safe_host, 0.0)
+        offload_s = transfer + update / HOST_MEMORY_BYTES_PER_S
+        wts = params_dev * 2.0 / shard_div
+        passes = np.where(full, 3, 2)
+        extra = np.maximum(0.0, mf * passes * wts / safe_host - mf * (t_f + t_b))
+        offload_s = np.where((off == 2) & has_host, offload_s + extra, offload_s)
+        offload_s = np.where(off == 0, 0.0, offload_s)
+
+        forward_s = mf * t_f
+        backward_s = mf * t_b
+        recompute_s = mf * t_r
+        if bound_only:
+            return {"bound": 0 + forward_s + backward_s + recompute_s + bubble + optimizer_s + offload_s}
+
+        a_f, a_b = tt[3][acc, fk], tt[4][acc, fk]
+        peak_fl = col("peak")
+        dom_cap = col("domain").astype(np.int64)
+        price = col("price")
+        tdp = col("tdp")
+        up_bw, up_lat, up_eff = col("up_bw"), col("up_lat"), col("up_eff")
+        out_bw, out_lat, out_eff = col("out_bw"), col("out_lat"), col("out_eff")
 
         # --- collectives (comm.step_collectives on comm.group_placement) ----------------------
         d = np.minimum(dom_cap, devices)
@@ -794,7 +1094,6 @@ class BulkEvaluator:
 
         e = self._c_e[core]
         w_bytes = BYTES_PER_ELEMENT["nf4"] if self.base.method == "qlora" else e
-        shard_size = dpi * cp
         shard = _place(shard_size, tp, d)
         mi = m
         zero_f = zero
@@ -840,7 +1139,6 @@ class BulkEvaluator:
         tp_pl = _place(tp, np.ones(n, dtype=np.int64), d)
         per_pass = 2 * layers * mi
         sp = self._c_sp[core]
-        full = self._c_full[core]
         tp_on = (tp > 1) & (layers > 0)
         ag = net.time("all_gather", act_b, tp_pl) * per_pass
         rs = net.time("reduce_scatter", act_b, tp_pl) * per_pass
@@ -903,31 +1201,6 @@ class BulkEvaluator:
                 none_sum = none_sum + t
         exposed_dp = exposed_dp + none_sum
 
-        # --- bubble, optimizer, offload (timing.step_time) --------------------------------------
-        t_mb = t_f + t_b + t_r
-        sched = self._c_sched[core]
-        p1 = (pp - 1).astype(np.float64)
-        bubble = np.where(sched == 1, p1 * t_mb / v, np.where(sched == 2, p1 * t_mb / 3.0, p1 * t_mb))
-        bubble = np.where(pp == 1, 0.0, bubble)
-        trained_shard = trainable / np.where(zero >= 1, shard_size, 1)
-        update = trained_shard * self._c_update[core]
-        off = self._c_off[core]
-        optimizer_s = np.where(off == 0, update / bw, 0.0)
-        shard_div = np.maximum(1, shard_size)
-        grads_out = trainable * 2.0 / shard_div
-        has_host = host_bw > 0
-        safe_host = np.where(has_host, host_bw, 1.0)
-        transfer = np.where(has_host, (grads_out + grads_out) / safe_host, 0.0)
-        offload_s = transfer + update / HOST_MEMORY_BYTES_PER_S
-        wts = params_dev * 2.0 / shard_div
-        passes = np.where(full, 3, 2)
-        extra = np.maximum(0.0, mf * passes * wts / safe_host - mf * (t_f + t_b))
-        offload_s = np.where((off == 2) & has_host, offload_s + extra, offload_s)
-        offload_s = np.where(off == 0, 0.0, offload_s)
-
-        forward_s = mf * t_f
-        backward_s = mf * t_b
-        recompute_s = mf * t_r
         step_s = (
             0
             + forward_s
@@ -980,6 +1253,20 @@ class BulkEvaluator:
             "cost_usd": cost,
             "energy_kwh": energy,
         }
+
+
+def _pass(cost: Any, peak: FloatArray, eta: FloatArray, eta_attn: FloatArray, bw: FloatArray) -> FloatArray:
+    """``timing._pass_time_s`` on arrays of accelerator constants (element-wise the same operations)."""
+    return np.asarray(_pass_time_s(cost, cast(Any, peak), cast(Any, eta), cast(Any, eta_attn), cast(Any, bw)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ArrayCost:
+    """``flops.PassCost`` with array fields (one row per stage)."""
+
+    gemm_flops: FloatArray
+    attention_flops: FloatArray
+    memory_bytes: FloatArray
 
 
 class _ArrayMemory(MemoryBreakdown):

@@ -77,7 +77,9 @@ def configure_parser(
     add_recipe(p, defaults=False)
     add_cost(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
-    p.add_argument("--plot", metavar="FILE", default=None, help="also save a plot (.png or .svg; needs trainplan[plot])")
+    p.add_argument(
+        "--plot", metavar="FILE", default=None, help="also save a plot (.png or .svg; needs trainplan[plot])"
+    )
 
 
 def _split(text: str) -> list[str]:

@@ -697,7 +697,7 @@ def plan(
     skipped: dict[str, str] = {}
     cand = enumerate_candidates(cores, accs, space, pruned, skipped, base.global_batch)
     ev = BulkEvaluator(model, base, cores, accs, acc_prices, pue=pue)
-    res = ev.evaluate(cand) if len(cand) else None
+    res = ev.evaluate(cand, prune_slower=True) if len(cand) else None
     if res is None:
         raise TrainplanError(
             "hardware", "no candidate layout: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())
@@ -716,6 +716,11 @@ def plan(
     feasible = res.feasible
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
     pruned[k_dom] = int(res.dominated.sum())
+    k_slow = (
+        "dominated: step-time lower bound above the exact step time of another layout on the "
+        "same accelerator and device count (slower and dearer)"
+    )
+    pruned[k_slow] = int(res.slower.sum())
     invalid: dict[str, int] = dict(invalid_cores)
     for code, text in INVALID_REASONS.items():
         k = int((res.invalid == code).sum())
