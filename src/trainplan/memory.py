@@ -9,12 +9,14 @@ The peak of a training step is the larger of two phases::
 
     peak = model states + comm buffers + max(backward phase, optimizer phase)
     backward phase  = saved activations (all in-flight micro-batches) + logits/loss buffers
-                      + ZeRO-3 gather buffers + the largest transient (loss backward or a
-                      recomputed layer)
+                      + the largest transient (loss backward or a recomputed layer)
     optimizer phase = optimizer-step temporaries (a foreach AdamW keeps one FP32 temporary the
                       size of the local parameter shard)
 
     per device = peak + CUDA context + allocator fragmentation      (named overhead terms)
+
+Under ZeRO-3 (FSDP2) seven moments compete instead, each with its unsharded copies and reduce
+buffers (:class:`MemoryBreakdown`, docs/memory.md).
 
 Sources: model states — Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 and 5; activations —
 Korthikanti et al. 2022, Sec. 4 and Table 2, generalised below to GQA, gated MLPs, any MLP
@@ -66,6 +68,16 @@ class LayerActivations:
 
 
 PHASES: Final = ("backward start", "backward end", "optimizer step")
+FSDP_PHASES: Final = (
+    "forward (first block)",
+    "forward (last block)",
+    "forward (loss)",
+    "backward start",
+    "backward (blocks)",
+    "backward end",
+    "optimizer step",
+)
+"""Moments of a ZeRO-3 (FSDP2) step, in order; without FSDP only :data:`PHASES` can be the peak."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,9 +89,34 @@ class MemoryBreakdown:
     * **backward start** — every saved activation of the in-flight micro-batches, the saved loss
       tensors and the loss-backward transient; gradients only if they already exist (gradient
       accumulation over several micro-batches: from the second one on);
-    * **backward end** — all gradients, the ZeRO-3 gather buffers and the unsharded gradient of the
-      layer being reduce-scattered;
+    * **backward end** — all gradients;
     * **optimizer step** — all model states plus the step's temporaries.
+
+    Under ZeRO-3 (FSDP2 ``fully_shard`` per block, then the root unit = embedding + final norm +
+    LM head, ``reshard_after_forward=False`` for the root and the last block, as in
+    ``trace/step.py`` ``apply_fsdp``) the unsharded copies and reduce buffers move from moment to
+    moment, and four more moments compete (see :meth:`phase_terms` and docs/memory.md). With
+    c = compute bytes per element, r = reduce-scatter bytes, g = sharded-gradient bytes, N = dp·cp,
+    P_R = root unit, P_H = final norm + LM head, P_L = largest block, A_l = one block's
+    activations, ℓ = 8·b·s·V/t the loss-backward transient:
+
+    * forward (first block): c·P_R + c·P_R + c·P_L + c·P_L (the root unit and the first block,
+      each unsharded and its all-gather output);
+    * forward (last block): A − A_l + c·P_R + 3·c·P_L;
+    * forward (loss): A + logits + c·P_R + 2·c·P_L + ¾·ℓ;
+    * backward start: A + logits + c·P_R + c·P_L + ℓ (the root and the last block stay unsharded);
+    * backward (blocks): A − A_l + c·P_R + c·P_H (the head's unsharded gradient waits for the
+      root's reduce-scatter) + 2·c·P_L (block in use and the prefetched one) + r·P_L (the
+      reduce-scatter input) + g·P_L/N (its output shard);
+    * backward end: gradients − g·P_R/N + (c + r)·P_R (the root's unsharded gradient and its
+      reduce-scatter input, before its shard exists).
+
+    Sources: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py (``pre_forward`` /
+    ``post_forward`` / ``pre_backward`` / ``post_backward``: unshard, reshard and the
+    ``reshard_after_forward`` rule), _fsdp_state.py (``_root_pre_forward``, the root's
+    ``_root_post_backward_final_callback`` that reduces the root last) and _fsdp_collectives.py
+    (``foreach_all_gather``: the all-gather output buffer; ``foreach_reduce``: the
+    reduce-scatter input in ``reduce_dtype`` and the sharded output).
 
     ``gradients_bytes`` etc. are the sizes of the states; :meth:`terms` lists what is alive at the
     peak moment, and those terms add up to ``per_device_bytes``.
@@ -92,9 +129,7 @@ class MemoryBreakdown:
     quant_constants_bytes: float  # QLoRA absmax constants
     activations_bytes: float  # saved for backward, all in-flight micro-batches
     logits_bytes: float  # saved by the output layer and the loss (last stage)
-    gather_buffers_bytes: float  # ZeRO-3/FSDP: unsharded weights of the current and the prefetched layer
     transient_bytes: float  # largest short-lived tensors at the start of backward
-    reduce_buffers_bytes: float  # ZeRO-3/FSDP: one layer's unsharded gradient (+ its FP32 reduce copy)
     optimizer_temporaries_bytes: float  # optimizer-step temporaries
     comm_buffers_bytes: float
     cuda_context_bytes: float
@@ -109,6 +144,27 @@ class MemoryBreakdown:
     """Optimizer states of a paged (bitsandbytes) optimizer, in CUDA unified memory: outside
     PyTorch's allocator (not in ``peak_bytes``, as ``max_memory_allocated`` does not see them)
     and evictable to host memory by the driver, so not in ``per_device_bytes`` either."""
+    last_layer_activations_bytes: float = 0.0  # A_l: the last block's saved activations, one micro-batch
+    loss_forward_bytes: float = 0.0  # loss-forward transient: ¾ of the loss-backward one (6·b·s·V/t)
+    # ZeRO-3 / FSDP2 (all 0 otherwise): see the class docstring.
+    fsdp: bool = False
+    fsdp_root_bytes: float = 0.0  # c·P_R: the root unit unsharded
+    fsdp_block_bytes: float = 0.0  # c·P_L: one block unsharded (QLoRA: NF4 bytes + constants)
+    fsdp_next_block_bytes: float = 0.0  # c·P_L when the stage has a second block to prefetch, else 0
+    fsdp_head_grad_bytes: float = 0.0  # c·P_H: the head's unsharded gradient (full training)
+    fsdp_block_reduce_bytes: float = 0.0  # r·P_L: one block's reduce-scatter input
+    fsdp_block_grad_shard_bytes: float = 0.0  # g·P_L/N: its reduced shard (stages of ≥ 2 blocks)
+    fsdp_root_grad_bytes: float = 0.0  # (c + r)·P_R: root unsharded gradient + reduce-scatter input
+    fsdp_root_grad_shard_bytes: float = 0.0  # g·P_R/N: the root's gradient shard (written last)
+
+    @property
+    def gather_buffers_bytes(self) -> float:
+        """ZeRO-3: unsharded weights alive at the start of backward (the root unit and the last block)."""
+        return self.fsdp_root_bytes + self.fsdp_block_bytes
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        return FSDP_PHASES if self.fsdp else PHASES
 
     @property
     def model_states_bytes(self) -> float:
@@ -116,7 +172,13 @@ class MemoryBreakdown:
 
     def phase_terms(self, phase: str) -> list[tuple[str, float]]:
         """Live tensors at one moment of the step (see the class docstring)."""
-        grads = self.gradients_bytes if (phase != "backward start" or self.grads_live_at_backward_start) else 0.0
+        live = self.grads_live_at_backward_start
+        if phase == "backward end":
+            grads = self.gradients_bytes - (0.0 if live else self.fsdp_root_grad_shard_bytes)
+        elif phase == "optimizer step" or live:
+            grads = self.gradients_bytes
+        else:
+            grads = 0.0
         terms = [
             ("weights", self.weights_bytes),
             ("gradients", grads),
@@ -124,18 +186,50 @@ class MemoryBreakdown:
             ("quantization constants", self.quant_constants_bytes),
             ("communication buffers", self.comm_buffers_bytes),
         ]
-        if phase == "backward start":
+        root = ("FSDP root unit (unsharded)", self.fsdp_root_bytes)
+        block = ("FSDP block (unsharded)", self.fsdp_block_bytes)
+        earlier = (
+            "activations (all but the last block)",
+            self.activations_bytes - self.last_layer_activations_bytes,
+        )
+        if phase == "forward (first block)":
+            terms += [
+                root,
+                ("FSDP root all-gather output", self.fsdp_root_bytes),
+                block,
+                ("FSDP block all-gather output", self.fsdp_block_bytes),
+            ]
+        elif phase == "forward (last block)":
+            terms += [earlier, root, block, ("FSDP two more block copies", 2 * self.fsdp_next_block_bytes)]
+        elif phase == "forward (loss)":
             terms += [
                 ("activations", self.activations_bytes),
                 ("logits / loss", self.logits_bytes),
-                ("ZeRO-3 gather buffers", self.gather_buffers_bytes),
+                root,
+                block,
+                ("FSDP block all-gather output", self.fsdp_block_bytes),
+                ("transient (loss forward)", self.loss_forward_bytes),
+            ]
+        elif phase == "backward start":
+            terms += [
+                ("activations", self.activations_bytes),
+                ("logits / loss", self.logits_bytes),
+                root,
+                block,
                 ("transient (backward)", self.transient_bytes),
             ]
-        elif phase == "backward end":
+        elif phase == "backward (blocks)":
             terms += [
-                ("ZeRO-3 gather buffers", self.gather_buffers_bytes),
-                ("ZeRO-3 gradient reduce buffers", self.reduce_buffers_bytes),
+                earlier,
+                root,
+                ("FSDP LM-head gradient (unsharded)", self.fsdp_head_grad_bytes),
+                block,
+                ("FSDP prefetched block", self.fsdp_next_block_bytes),
+                ("FSDP block reduce-scatter input", self.fsdp_block_reduce_bytes),
+                ("FSDP reduced block-gradient shard", 0.0 if live else self.fsdp_block_grad_shard_bytes),
             ]
+        elif phase == "backward end":
+            terms += [("FSDP root gradient + reduce-scatter input", self.fsdp_root_grad_bytes)]
         else:
             terms += [("optimizer-step temporaries", self.optimizer_temporaries_bytes)]
         return terms
@@ -145,7 +239,7 @@ class MemoryBreakdown:
 
     @property
     def peak_phase(self) -> str:
-        return max(PHASES, key=self.phase_bytes)  # ties: the earlier moment
+        return max(self.phases, key=self.phase_bytes)  # ties: the earlier moment
 
     @property
     def peak_bytes(self) -> float:
@@ -191,7 +285,7 @@ class MemoryBreakdown:
             "fits": self.fits,
             "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase,
-            "phase_bytes": {p: self.phase_bytes(p) for p in PHASES},
+            "phase_bytes": {p: self.phase_bytes(p) for p in self.phases},
             "stage": self.stage,
             "weights_bytes": self.weights_bytes,
             "gradients_bytes": self.gradients_bytes,
@@ -202,7 +296,16 @@ class MemoryBreakdown:
             "logits_bytes": self.logits_bytes,
             "gather_buffers_bytes": self.gather_buffers_bytes,
             "transient_bytes": self.transient_bytes,
-            "reduce_buffers_bytes": self.reduce_buffers_bytes,
+            "last_layer_activations_bytes": self.last_layer_activations_bytes,
+            "loss_forward_bytes": self.loss_forward_bytes,
+            "fsdp_root_bytes": self.fsdp_root_bytes,
+            "fsdp_block_bytes": self.fsdp_block_bytes,
+            "fsdp_next_block_bytes": self.fsdp_next_block_bytes,
+            "fsdp_head_grad_bytes": self.fsdp_head_grad_bytes,
+            "fsdp_block_reduce_bytes": self.fsdp_block_reduce_bytes,
+            "fsdp_block_grad_shard_bytes": self.fsdp_block_grad_shard_bytes,
+            "fsdp_root_grad_bytes": self.fsdp_root_grad_bytes,
+            "fsdp_root_grad_shard_bytes": self.fsdp_root_grad_shard_bytes,
             "optimizer_temporaries_bytes": self.optimizer_temporaries_bytes,
             "comm_buffers_bytes": self.comm_buffers_bytes,
             "cuda_context_bytes": self.cuda_context_bytes,
@@ -475,12 +578,18 @@ class _States:
     quant_constants: float
     host: float
     optimizer_temp: float
-    gather: float
-    reduce: float
     trainable: int
-    reduce_head: float = 0.0
     paged: float = 0.0
     step_in_backward: float = 0.0  # per-parameter optimizer-step temporary inside the backward phase
+    # ZeRO-3 / FSDP2 buffers (MemoryBreakdown.fsdp_*); constant or ∝ 1/dp, so affine in 1/dp
+    fsdp_root: float = 0.0
+    fsdp_block: float = 0.0
+    fsdp_next_block: float = 0.0
+    fsdp_head_grad: float = 0.0
+    fsdp_block_reduce: float = 0.0
+    fsdp_block_grad_shard: float = 0.0
+    fsdp_root_grad: float = 0.0
+    fsdp_root_grad_shard: float = 0.0
 
 
 def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceParams) -> _States:
@@ -590,32 +699,41 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             host += weights
             weights = 0.0
 
-    gather = reduce = reduce_head = 0.0
+    fsdp: dict[str, float] = {}
     if z == 3:
-        # FSDP/ZeRO-3 (torchtitan/torchtune wrap each block, the embedding and the norm + LM head as
-        # units): the unit in use and the prefetched next one are unsharded, and a unit's unsharded
-        # gradient (with its FP32 copy under reduce_dtype=fp32) lives until its reduce-scatter.
+        # FSDP2 (trace/step.py ``apply_fsdp``: ``fully_shard`` per block, then the root unit with
+        # the embedding, final norm and LM head). c: the all-gathered (compute) dtype; r: the
+        # reduce-scatter dtype (``MixedPrecisionPolicy.reduce_dtype``: FP32 with an FP32 master,
+        # else the gradient dtype; ``foreach_reduce`` in _fsdp_collectives.py always copies the
+        # unsharded gradients into one reduce-scatter input of that dtype); g: bytes per element
+        # of the sharded gradient (0 when gradients live on the host).
+        c = wb
+        r = 4.0 if recipe.keeps_master_weights else wb
+        g = 0.0 if recipe.offload != "none" else (4.0 if fsdp2_master else wb)
         layer = float(dev.largest_layer_unsharded)
-        layer_weight_bytes = wb * layer
+        block = c * layer
         if recipe.method == "qlora":
             # The sharded NF4 base is all-gathered as NF4: torchao's NF4Tensor implements FSDP2's
             # fsdp_pre_all_gather/fsdp_post_all_gather on its quantized data and constants
-            # (torchao/dtypes/nf4tensor.py), so a gathered layer costs the NF4 bytes and its
+            # (torchao/dtypes/nf4tensor.py), so a gathered block costs the NF4 bytes and its
             # constants, not bf16 (layer norms, a few h per layer, are counted as NF4 too).
             n_lin = dev.dense_linear + dev.expert_linear
-            quant_per_param = (quant * (g_dense if z >= 3 else 1)) / n_lin if n_lin else 0.0
-            layer_weight_bytes = (0.5 + quant_per_param) * layer
-        vocab_unit = float(-(-model.vocab_size // layout.tp) * model.hidden_size)
-        has_head = dev.stage == layout.pp - 1
-        has_vocab_unit = dev.stage == 0 or has_head
-        unit_bytes = max(layer_weight_bytes, wb * vocab_unit if has_vocab_unit else 0.0)
-        gather = unit_bytes + layer_weight_bytes
-        grad_b = wb + (4.0 if fsdp2_master else 0.0)
+            quant_per_param = quant * g_dense / n_lin if n_lin else 0.0
+            block = (0.5 + quant_per_param) * layer
+        several = len(dev.layers) >= 2
+        fsdp = {
+            "fsdp_root": c * dev.root_params,
+            "fsdp_block": block,
+            "fsdp_next_block": block if several else 0.0,
+        }
         if not recipe.is_peft:
-            # one layer's unsharded 16-bit gradient and its FP32 copy for the FP32 reduce-scatter
-            reduce = grad_b * layer
-            if has_head:
-                reduce_head = grad_b * vocab_unit
+            fsdp |= {
+                "fsdp_head_grad": c * dev.head_params,
+                "fsdp_block_reduce": r * layer,
+                "fsdp_block_grad_shard": g * layer / g_dense if several else 0.0,
+                "fsdp_root_grad": (c + r) * dev.root_params,
+                "fsdp_root_grad_shard": g * dev.root_params / g_dense,
+            }
     return _States(
         weights=weights,
         gradients=grads,
@@ -624,12 +742,10 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         quant_constants=quant,
         host=host,
         optimizer_temp=optimizer_temp,
-        gather=gather,
-        reduce=reduce,
-        reduce_head=reduce_head,
         trainable=trainable,
         paged=paged,
         step_in_backward=step_in_backward,
+        **fsdp,
     )
 
 
@@ -681,6 +797,7 @@ def _stage_breakdown(
         if model.position == "rope":
             inputs += 2 * activation_bytes_per_element(recipe) * s_local * model.head_dim
         act_terms["inputs"] = inputs
+    last_layer = layer_activations(model, recipe, layout, dev.layers[-1]).total_bytes if dev.layers else 0.0
     logits_saved, logits_transient = (0.0, 0.0)
     if stage == layout.pp - 1:
         logits_saved, logits_transient = logits_bytes(model, recipe, layout)
@@ -692,17 +809,7 @@ def _stage_breakdown(
         quant_constants_bytes=st.quant_constants,
         activations_bytes=sum(act_terms.values()),
         logits_bytes=logits_saved,
-        gather_buffers_bytes=st.gather,
-        # The LM head's backward runs while the FP32 logits gradient (half of the loss transient) is
-        # alive, and under ZeRO-3 produces the head's unsharded gradient and its reduce copy.
-        transient_bytes=max(
-            logits_transient,
-            logits_transient / 2 + st.reduce_head,
-            largest_layer_full,
-            st.step_in_backward,
-            st.reduce,
-        ),
-        reduce_buffers_bytes=st.reduce,
+        transient_bytes=max(logits_transient, largest_layer_full, st.step_in_backward),
         optimizer_temporaries_bytes=st.optimizer_temp,
         comm_buffers_bytes=0.0,
         cuda_context_bytes=CUDA_CONTEXT_BYTES,
@@ -716,6 +823,19 @@ def _stage_breakdown(
         trainable_params_on_device=st.trainable,
         activation_terms=act_terms,
         paged_optimizer_bytes=st.paged,
+        last_layer_activations_bytes=last_layer,
+        # Forward of the unchunked loss: 6·b·s·V/t of FP32 logits / log-softmax buffers are alive
+        # (traced), ¾ of the loss-backward transient; the same fraction is assumed for chunked losses.
+        loss_forward_bytes=0.75 * logits_transient,
+        fsdp=layout.zero == 3,
+        fsdp_root_bytes=st.fsdp_root,
+        fsdp_block_bytes=st.fsdp_block,
+        fsdp_next_block_bytes=st.fsdp_next_block,
+        fsdp_head_grad_bytes=st.fsdp_head_grad,
+        fsdp_block_reduce_bytes=st.fsdp_block_reduce,
+        fsdp_block_grad_shard_bytes=st.fsdp_block_grad_shard,
+        fsdp_root_grad_bytes=st.fsdp_root_grad,
+        fsdp_root_grad_shard_bytes=st.fsdp_root_grad_shard,
     )
 
 

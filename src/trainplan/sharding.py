@@ -74,6 +74,12 @@ class DeviceParams:
     expert_linear: int
     lora_adapters: int  # adapter parameters on this device (0 unless LoRA)
     largest_layer_unsharded: int  # biggest transformer layer on this device, before ZeRO-3 sharding
+    root_params: int = (
+        0  # FSDP root unit: embedding (+ learned positions) on stage 0, final norm + LM head last
+    )
+    head_params: int = (
+        0  # final norm + LM head (last stage; one V/t·h shared with the embedding when tied, pp = 1)
+    )
     linears: tuple[tuple[Linear, int], ...]  # (linear, how many of the device's layers have it)
 
     @property
@@ -209,14 +215,17 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
                 adapters += lin.lora_params(lora.rank) * n_layers
         other += lay_other * n_layers
         largest = max(largest, lay_total)
+    root = head = 0
     if stage == 0:
-        other += -(-v // tp) * h
+        root += -(-v // tp) * h
         if model.position == "learned":
-            other += model.max_seq_len * h
+            root += model.max_seq_len * h
     if stage == pp - 1:
-        other += _norm_params(model)
+        head = _norm_params(model) + -(-v // tp) * h
+        root += _norm_params(model)
         if not model.tied_embeddings or pp > 1:
-            other += -(-v // tp) * h
+            root += -(-v // tp) * h
+    other += root
     return DeviceParams(
         stage=stage,
         layers=layers,
@@ -225,5 +234,7 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
         expert_linear=expert_linear,
         lora_adapters=adapters,
         largest_layer_unsharded=largest,
+        root_params=root,
+        head_params=head,
         linears=tuple(linears),
     )

@@ -52,7 +52,7 @@ from trainplan.hardware.system import System
 from trainplan.layout import Layout, PipelineSchedule
 from trainplan.memory import (
     CUDA_CONTEXT_BYTES,
-    PHASES,
+    FSDP_PHASES,
     MemoryBreakdown,
     _model_states,
     _stage_breakdown,
@@ -249,6 +249,7 @@ class BulkResult:
 _STATE_FIELDS: Final = tuple(
     f.name for f in dataclasses.fields(_States) if f.name != "trainable"
 )  # every float field of memory._States
+_FSDP_FIELDS: Final = tuple(f for f in _STATE_FIELDS if f.startswith("fsdp_"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -462,7 +463,7 @@ class BulkEvaluator:
                     if s is not None:
                         s_tab[i, z, k] = s
         # activations = a1 + slope·(inflight − 1): linear in the in-flight micro-batches
-        a_tab = np.zeros((len(a_rep), 2, 6))
+        a_tab = np.zeros((len(a_rep), 2, 7))
         recipes: dict[tuple[object, ...], Recipe] = {}
         for j, core in enumerate(a_rep):
             rkey = (core.micro_batch, core.recompute, core.precision)
@@ -481,13 +482,21 @@ class BulkEvaluator:
                         many = _stage_breakdown(model, recipe, layout, stage, float("inf"), big)
                         slope = (many.activations_bytes - one.activations_bytes) / (hd - 1.0)
                     loss_t = logits_bytes(model, recipe, layout)[1] if stage == core.pp - 1 else 0.0
-                    got = (one.activations_bytes, slope, hd, one.logits_bytes, one.transient_bytes, loss_t)
+                    got = (
+                        one.activations_bytes,
+                        slope,
+                        hd,
+                        one.logits_bytes,
+                        one.transient_bytes,
+                        loss_t,
+                        one.last_layer_activations_bytes,
+                    )
                     done[stage] = got
                 a_tab[j, k] = got
         states = s_tab[s_of_core]
         acts = a_tab[a_of_core]
-        act1, act_slope, held, logits, transient, loss_t_tab = (
-            np.ascontiguousarray(acts[:, :, q]) for q in range(6)
+        act1, act_slope, held, logits, transient, loss_t_tab, last_layer = (
+            np.ascontiguousarray(acts[:, :, q]) for q in range(7)
         )
         flat = states.reshape(n * 4, 2, 2 * nf + 2)
         self._states_bad = np.isnan(flat[:, 0, 0])
@@ -512,6 +521,7 @@ class BulkEvaluator:
         self._held = held
         self._logits = logits
         self._transient = transient
+        self._last_layer = last_layer
         ints = {
             name: np.array([getattr(c, name) for c in self.cores], dtype=np.int64)
             for name in ("tp", "pp", "cp", "ep", "micro_batch", "virtual_stages")
@@ -876,17 +886,9 @@ class BulkEvaluator:
         for k in (0, 1):
             infl = np.minimum(self._held[core, k], mf)
             act = self._act1[core, k] + self._act_slope[core, k] * (infl - 1.0)
-            # memory._stage_breakdown: max(loss, loss/2 + head reduce, recomputed layer, step in
-            # backward, layer reduce); the first and third come from the ZeRO-0 breakdown.
-            transient = np.maximum(
-                np.maximum(
-                    np.maximum(
-                        self._transient[core, k], self._loss_transient[core, k] / 2 + field(k, "reduce_head")
-                    ),
-                    field(k, "step_in_backward"),
-                ),
-                field(k, "reduce"),
-            )
+            # memory._stage_breakdown: max(loss backward, recomputed layer, step in backward); the
+            # first two come from the ZeRO-0 breakdown. The FSDP2 moments are their own phases.
+            transient = np.maximum(self._transient[core, k], field(k, "step_in_backward"))
             values = {
                 "weights_bytes": field(k, "weights"),
                 "gradients_bytes": field(k, "gradients"),
@@ -895,13 +897,14 @@ class BulkEvaluator:
                 "quant_constants_bytes": field(k, "quant_constants"),
                 "activations_bytes": act,
                 "logits_bytes": self._logits[core, k],
-                "gather_buffers_bytes": field(k, "gather"),
                 "transient_bytes": transient,
-                "reduce_buffers_bytes": field(k, "reduce"),
                 "optimizer_temporaries_bytes": field(k, "optimizer_temp"),
                 "host_bytes": field(k, "host"),
                 "paged_optimizer_bytes": field(k, "paged"),
+                "last_layer_activations_bytes": self._last_layer[core, k],
+                "loss_forward_bytes": 0.75 * self._loss_transient[core, k],
             }
+            values |= {f"{name}_bytes": field(k, name) for name in _FSDP_FIELDS}
             per_dev = np.where(
                 grads_live,
                 _array_memory(values, capacity, grads_live=True).per_device_bytes,
@@ -1272,12 +1275,13 @@ class _ArrayCost:
 class _ArrayMemory(MemoryBreakdown):
     """``MemoryBreakdown`` whose fields are arrays: its own ``phase_terms``, ``per_device_bytes``
     and ``fragmentation_bytes`` compose them; only the peak over the phases (``max`` with a key in
-    the scalar class) is taken element-wise."""
+    the scalar class) is taken element-wise. Every FSDP2 moment is evaluated: without ZeRO-3 its
+    FSDP terms are 0 and it is below the backward start, so the peak is the scalar one."""
 
     @property
     def peak_bytes(self) -> Any:
         out: Any = None
-        for phase in PHASES:
+        for phase in FSDP_PHASES:
             v = self.phase_bytes(phase)
             out = v if out is None else np.maximum(out, v)
         return out

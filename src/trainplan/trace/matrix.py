@@ -168,40 +168,33 @@ if __name__ == "__main__":
     raise SystemExit(main())
 
 
-FSDP_GAP = (
-    "FSDP2 root unit: the reference wraps every block and then the root (embedding, final norm and "
-    "LM head as one unit, not resharded after forward), so the root's unsharded weights and its "
-    "gradient buffers live through the whole backward; the analytic model counts one vocabulary "
-    "unit plus one layer as gathered and a single unit's reduce buffers"
-)
 TP_GAP = (
     "tensor parallel: the traced DTensor step keeps the vocabulary-parallel embedding gradient at "
     "full vocabulary size and replicates norm weights and their optimizer states per rank, and its "
     "foreach optimizer temporaries follow the DTensor local shapes; the analytic model shards the "
     "embedding gradient like the weight"
 )
-MOE_FSDP_GAP = FSDP_GAP + "; with MoE the routed-expert units are larger than a dense layer"
-
+TP_FSDP_GAP = (
+    TP_GAP + "; with FSDP on top of tensor parallelism (2-D DTensor parameters) the traced unsharded "
+    "buffers exceed the FSDP2 moments, which were derived from data-parallel-only traces; the "
+    "difference is not yet attributed"
+)
+STATES_GAP = (
+    "model states under FSDP2: the peak matches within 3%, but the traced model states differ from "
+    "the analytic ones (LoRA entry 23: +1.3%; MoE entry 38: -0.003%), not yet attributed"
+)
 KNOWN_GAPS: dict[int, str] = {
-    18: FSDP_GAP,
-    19: FSDP_GAP,
-    20: FSDP_GAP,
-    21: FSDP_GAP,
-    22: FSDP_GAP,
-    23: FSDP_GAP,
+    23: STATES_GAP,
     24: TP_GAP,
     25: TP_GAP,
     26: TP_GAP,
     27: TP_GAP,
     28: TP_GAP,
     29: TP_GAP,
-    30: FSDP_GAP + "; " + TP_GAP,
-    31: FSDP_GAP + "; " + TP_GAP,
-    35: MOE_FSDP_GAP,
+    30: TP_FSDP_GAP,
+    31: TP_FSDP_GAP,
     36: TP_GAP,
-    38: MOE_FSDP_GAP,
-    39: MOE_FSDP_GAP,
-    43: FSDP_GAP,
+    38: STATES_GAP,
 }
 """Matrix entries (1-based, as numbered in docs/verify-matrix.md) whose traced peak differs from the
 analytic one by more than 3%, with the mechanism. Every other entry is held to 3% by the tests."""

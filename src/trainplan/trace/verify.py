@@ -69,7 +69,7 @@ def compare_memory(mem: Any, tr: Any) -> list[TermRow]:
         ),
         TermRow(
             "backward_phase_peak",
-            float(max(mem.phase_bytes("backward start"), mem.phase_bytes("backward end"))),
+            float(max(mem.phase_bytes(p) for p in mem.phases if p != "optimizer step")),
             float(max(fwd, bwd)),
         ),
         TermRow(

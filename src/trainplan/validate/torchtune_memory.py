@@ -253,15 +253,6 @@ _MAY_2024 = (
 )
 
 EXPLAINED: Final[dict[str, str]] = {
-    "torchtune-05-llama-3.1-70b-full-8xa100-80gb-cpu-offload": (
-        "Llama-3.1-70B full fine-tune with FSDP CPU offload: with every parameter, gradient and "
-        "optimizer state on the host, the device holds only the working set: two gathered layers "
-        "(3.4 GB), the checkpointed layer inputs (5.4 GB), one layer's unsharded gradient and the "
-        "loss buffers. The live-tensor traces of trainplan verify show no gradient alive at the start "
-        "of backward with one micro-batch, which this prediction follows; the remaining ~3 GiB are "
-        "not attributed (candidates: FSDP2's host-to-device staging copies of the sharded parameters "
-        "and the recomputed layer's own temporaries under offload)."
-    ),
     "torchtune-14-llama-2-70b-full-8xa100-80gb": (
         "Llama-2-70B full fine-tune with PagedAdamW, 8x A100: " + _MAY_2024 + " No config was "
         "published for this row; with the paged states outside PyTorch's allocator, what is left is "
@@ -272,9 +263,10 @@ EXPLAINED: Final[dict[str, str]] = {
     "torchtune-07-llama-3.1-405b-qlora-8xa100-80gb": (
         "405B QLoRA: the README prints GB for this row only, while "
         "get_memory_stats at 30b8519e8 divides by 2^30 like every other row of the table; read as "
-        "44.8 GiB (48.1 GB) the error is +12%. The largest term is the checkpointed layer inputs "
-        "(126 layers x 2 x 2048 x 16384 x 2 bytes = 17 GB); the 405B config itself sets batch_size 1, "
-        "which would halve them."
+        "44.8 GiB (48.1 GB) the error is +28%. The largest terms are the checkpointed layer inputs "
+        "(126 layers x 2 x 2048 x 16384 x 2 bytes = 17 GB) and the FSDP2 root unit, unsharded from "
+        "forward to the end of backward (untied embedding and LM head, 2 x 128256 x 16384 x 2 bytes = "
+        "8.4 GB); the 405B config itself sets batch_size 1, which would halve the layer inputs."
     ),
     "torchtune-08-llama-2-7b-qlora-1xrtx-4090": (
         "Llama-2-7B QLoRA, 1x RTX 4090: " + _MAY_2024 + " This row also compiles the whole model "
@@ -283,7 +275,8 @@ EXPLAINED: Final[dict[str, str]] = {
     "torchtune-10-llama-2-7b-lora-2xrtx-4090": (
         "Llama-2-7B LoRA, 2x RTX 4090: " + _MAY_2024 + " The FSDP1 recipe of that commit wraps "
         "only the decoder layers, so the root unit (embedding, final norm, LM head: 0.26 B parameters) "
-        "stays unsharded from forward to backward; trainplan shards it like the layers."
+        "stays unsharded from forward to backward; trainplan counts it unsharded only while FSDP2 "
+        "holds it gathered (from the first forward to the end of backward), not its unsharded storage."
     ),
     "torchtune-11-llama-2-7b-full-1xrtx-4090": (
         "Llama-2-7B full fine-tune with PagedAdamW, 1x RTX 4090: " + _MAY_2024 + " trainplan's "
@@ -291,8 +284,8 @@ EXPLAINED: Final[dict[str, str]] = {
     ),
     "torchtune-12-llama-2-7b-full-4xrtx-4090": (
         "Llama-2-7B full fine-tune, 4x RTX 4090: " + _MAY_2024 + " As for the 2-GPU LoRA row, "
-        "the FSDP1 root unit (embedding and LM head, and their gradients) stays unsharded, about 1 GB "
-        "that trainplan does not count; and with one micro-batch no gradient is alive at the start of "
+        "the FSDP1 root unit (embedding and LM head, and their gradients) stays unsharded, while "
+        "trainplan's FSDP2 moments count its weights and gradients unsharded only while gathered; and with one micro-batch no gradient is alive at the start of "
         "backward (trace-confirmed), which removes the 3.4 GB of gradient shards from the peak."
     ),
     "torchtune-13-llama-2-70b-lora-8xa100-80gb": (
@@ -410,7 +403,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_docs(Path(args.write_docs), items)
         return 0
     if args.markdown:
-        sys.stdout.write(markdown_table(items) + "\n\n**Rows outside 15%**, and why:\n\n" + markdown_explained(items) + "\n")
+        sys.stdout.write(
+            markdown_table(items)
+            + "\n\n**Rows outside 15%**, and why:\n\n"
+            + markdown_explained(items)
+            + "\n"
+        )
     else:
         sys.stdout.write(text_table(items) + "\n")
     return 0
