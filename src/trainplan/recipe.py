@@ -18,7 +18,7 @@ FP32 optimizer; only GEMM inputs are cast), so they save time, not model-state m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from trainplan.errors import RecipeError
@@ -128,7 +128,6 @@ class Recipe:
     (``PagedAdamW``, ``PagedAdamW8bit``, ``PagedLion``; Dettmers et al. 2023, QLoRA Sec. 3 "Paged
     Optimizers") allocate them: outside PyTorch's caching allocator, paged to host memory by the
     driver under memory pressure."""
-    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
