@@ -380,3 +380,16 @@ def test_step_time_pruning_keeps_the_fastest_layout_at_every_hardware_and_count(
         assert float(np.min(cut.step_s[at & cut.feasible])) == best
         # every cut candidate is strictly slower than the fastest there
         assert (full.step_s[at & cut.slower] > best).all()
+
+
+def test_step_time_bound_is_a_lower_bound() -> None:
+    recipe = Recipe(method="pretrain", tokens=1e9, global_batch=32, seq_len=4096)
+    names = ("h100-sxm", "mi300x", "tpu-v5p", "rtx-4090", "gb200")
+    model, accs, cores, cand, prices, res = _bulk("llama-3.2-1b", recipe, names, SMALL)
+    ev = BulkEvaluator(model, recipe, cores, accs, prices, pue=1.2)
+    sub = np.nonzero(res.feasible)[0]
+    key, u_core, u_zero, u_dp, _ = ev._memory_keys(cand)
+    mem = ev._memory(u_core, u_zero, u_dp)
+    args = (cand.take(sub), res.micro_batches[sub], mem["trainable"][key[sub]], mem["params_dev"][key[sub]])
+    bound = ev._time(*args, bound_only=True)["bound"]
+    assert sub.size and (bound <= res.step_s[sub]).all()

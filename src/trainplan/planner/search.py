@@ -339,6 +339,43 @@ def enumerate_candidates(
     mbs = np.array([c.micro_batch for c in cores], dtype=np.int64)
     gb = global_batch or 0
     parts: list[tuple[npt.NDArray[np.int64], ...]] = []
+    # The candidates of one device count depend on the accelerator only through its scale-up
+    # domain (tp <= domain) and the precisions it supports: built once per such key, in order.
+    built: dict[
+        tuple[int, int, tuple[str, ...]], tuple[tuple[npt.NDArray[np.int64], ...], dict[str, int]]
+    ] = {}
+
+    def _count_block(
+        n: int, dom: int, allowed: set[str]
+    ) -> tuple[tuple[npt.NDArray[np.int64], ...], dict[str, int]]:
+        drops: dict[str, int] = {}
+        sel = (tp <= dom) & (n % mp == 0) & np.isin(prec, list(allowed))
+        idx = np.nonzero(sel)[0]
+        if idx.size == 0:
+            e = np.zeros(0, dtype=np.int64)
+            return (e, e, e), drops
+        dp = n // mp[idx]
+        ci = np.repeat(idx, zeros.size)
+        dpi = np.repeat(dp, zeros.size)
+        zi = np.tile(zeros, idx.size)
+        shard = dpi * cp[ci]
+        keep = shard % ep[ci] == 0
+        drops["ep does not divide dp·cp"] = int((~keep).sum())
+        offz = off[ci]
+        need_zero = ((offz != "none") & (zi == 0)) | ((offz == "optimizer+params") & (zi != 3))
+        drops["invalid: CPU offload needs ZeRO >= 1 (parameters: ZeRO 3)"] = int((keep & need_zero).sum())
+        keep &= ~need_zero
+        if gb:
+            bad_gb = gb % (dpi * mbs[ci]) != 0
+            drops["invalid: global batch is not a multiple of dp·micro_batch"] = int((keep & bad_gb).sum())
+            keep &= ~bad_gb
+        dup2 = (shard == 1) & (zi == 2)
+        dup1 = (shard == 1) & (zi == 1) & (offz == "none")
+        k = "duplicate: ZeRO 1/2 with dp·cp = 1 equal ZeRO 1/0 (nothing to shard)"
+        drops[k] = int((keep & (dup1 | dup2)).sum())
+        keep &= ~(dup1 | dup2)
+        return (dpi[keep], zi[keep], ci[keep]), drops
+
     for a, acc in enumerate(accelerators):
         ok_prec = np.array([_precision_ok(acc, str(p)) for p in np.unique(prec)])
         allowed = set(np.unique(prec)[ok_prec].tolist())
@@ -351,44 +388,16 @@ def enumerate_candidates(
         counts = space.device_counts or device_ladder(acc, space.max_devices)
         for n in counts:
             dom = min(acc.scale_up.domain_size, n)
-            sel = (tp <= dom) & (n % mp == 0) & np.isin(prec, list(allowed))
-            idx = np.nonzero(sel)[0]
-            if idx.size == 0:
+            ck = (n, dom, tuple(sorted(allowed)))
+            if ck not in built:
+                built[ck] = _count_block(n, dom, allowed)
+            blk, drops = built[ck]
+            for k, v in drops.items():
+                pruned[k] = pruned.get(k, 0) + v
+            m = blk[0].size
+            if m == 0:
                 continue
-            dp = n // mp[idx]
-            ci = np.repeat(idx, zeros.size)
-            dpi = np.repeat(dp, zeros.size)
-            zi = np.tile(zeros, idx.size)
-            shard = dpi * cp[ci]
-            keep = shard % ep[ci] == 0
-            pruned["ep does not divide dp·cp"] = pruned.get("ep does not divide dp·cp", 0) + int(
-                (~keep).sum()
-            )
-            offz = off[ci]
-            need_zero = ((offz != "none") & (zi == 0)) | ((offz == "optimizer+params") & (zi != 3))
-            k0 = "invalid: CPU offload needs ZeRO >= 1 (parameters: ZeRO 3)"
-            pruned[k0] = pruned.get(k0, 0) + int((keep & need_zero).sum())
-            keep &= ~need_zero
-            if gb:
-                bad_gb = gb % (dpi * mbs[ci]) != 0
-                k1 = "invalid: global batch is not a multiple of dp·micro_batch"
-                pruned[k1] = pruned.get(k1, 0) + int((keep & bad_gb).sum())
-                keep &= ~bad_gb
-            dup2 = (shard == 1) & (zi == 2)
-            dup1 = (shard == 1) & (zi == 1) & (off[ci] == "none")
-            k = "duplicate: ZeRO 1/2 with dp·cp = 1 equal ZeRO 1/0 (nothing to shard)"
-            pruned[k] = pruned.get(k, 0) + int((keep & (dup1 | dup2)).sum())
-            keep &= ~(dup1 | dup2)
-            m = int(keep.sum())
-            parts.append(
-                (
-                    np.full(m, a, dtype=np.int64),
-                    np.full(m, n, dtype=np.int64),
-                    dpi[keep],
-                    zi[keep],
-                    ci[keep],
-                )
-            )
+            parts.append((np.full(m, a, dtype=np.int64), np.full(m, n, dtype=np.int64), *blk))
     if not parts:
         e = np.zeros(0, dtype=np.int64)
         return Candidates(acc=e, devices=e, dp=e, zero=e, core=e)
