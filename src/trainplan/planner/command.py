@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
+from trainplan.models.spec import ModelSpec
 from trainplan.planner.search import (
     DEFAULT_MAX_DEVICES,
     OBJECTIVES,
@@ -172,13 +173,10 @@ def request(args: argparse.Namespace, *, compare_mode: bool) -> tuple[Recipe, Se
     return replace(recipe), space
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    from trainplan.models import load_model
-
-    model = load_model(args.model)
-    accs = _accelerators(args)
+def plan_from_args(args: argparse.Namespace, model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
+    """``plan(...)`` with the request the plan flags describe (shared by the CLI and the web API)."""
     recipe, space = request(args, compare_mode=False)
-    result = plan(
+    return plan(
         model,
         recipe,
         accs,
@@ -191,6 +189,40 @@ def run_plan(args: argparse.Namespace) -> int:
         prices=_prices(args, accs),
         pue=args.pue,
     )
+
+
+def compare_from_args(args: argparse.Namespace, model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
+    """``compare(...)`` with the request the compare flags describe (shared by the CLI and the web API)."""
+    recipe, space = request(args, compare_mode=True)
+    return compare(
+        model,
+        recipe,
+        accs,
+        space=space,
+        objective=args.objective,
+        provider=args.provider,
+        prices=_prices(args, accs),
+        pue=args.pue,
+    )
+
+
+def compare_to_dict(result: PlanResult) -> dict[str, object]:
+    """The ``trainplan compare --json`` object."""
+    return {
+        "model": result.model,
+        "objective": result.objective,
+        "global_batch": result.global_batch,
+        "tokens": result.tokens,
+        "hardware": [b.to_dict() for b in result.per_accelerator],
+        "search": result.stats.to_dict(),
+        "notes": list(result.notes),
+    }
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from trainplan.models import load_model
+
+    result = plan_from_args(args, load_model(args.model), _accelerators(args))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
@@ -205,30 +237,9 @@ def run_plan(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     from trainplan.models import load_model
 
-    model = load_model(args.model)
-    accs = _accelerators(args)
-    recipe, space = request(args, compare_mode=True)
-    result = compare(
-        model,
-        recipe,
-        accs,
-        space=space,
-        objective=args.objective,
-        provider=args.provider,
-        prices=_prices(args, accs),
-        pue=args.pue,
-    )
+    result = compare_from_args(args, load_model(args.model), _accelerators(args))
     if args.json:
-        out = {
-            "model": result.model,
-            "objective": result.objective,
-            "global_batch": result.global_batch,
-            "tokens": result.tokens,
-            "hardware": [b.to_dict() for b in result.per_accelerator],
-            "search": result.stats.to_dict(),
-            "notes": list(result.notes),
-        }
-        print(json.dumps(out, indent=2, sort_keys=True))
+        print(json.dumps(compare_to_dict(result), indent=2, sort_keys=True))
     else:
         print(render_compare(result))
     if args.plot:

@@ -111,51 +111,16 @@ def _args(body: object, *, compare_mode: bool) -> tuple[argparse.Namespace, Any,
 
 def plan(body: object) -> dict[str, object]:
     """``trainplan plan --json``."""
-    from trainplan.planner import plan as run_plan
-    from trainplan.planner.command import _prices, request
+    from trainplan.planner.command import plan_from_args
 
     ns, model, accs = _args(body, compare_mode=False)
-    recipe, space = request(ns, compare_mode=False)
-    result = run_plan(
-        model,
-        recipe,
-        accs,
-        space=space,
-        objective=ns.objective,
-        top=ns.top,
-        budget_usd=ns.budget,
-        deadline_h=ns.deadline,
-        provider=ns.provider,
-        prices=_prices(ns, accs),
-        pue=ns.pue,
-    )
-    out: dict[str, object] = result.to_dict()
+    out: dict[str, object] = plan_from_args(ns, model, accs).to_dict()
     return out
 
 
 def compare(body: object) -> dict[str, object]:
     """``trainplan compare --json``: each accelerator at its best layout (and device count)."""
-    from trainplan.planner import compare as run_compare
-    from trainplan.planner.command import _prices, request
+    from trainplan.planner.command import compare_from_args, compare_to_dict
 
     ns, model, accs = _args(body, compare_mode=True)
-    recipe, space = request(ns, compare_mode=True)
-    result = run_compare(
-        model,
-        recipe,
-        accs,
-        space=space,
-        objective=ns.objective,
-        provider=ns.provider,
-        prices=_prices(ns, accs),
-        pue=ns.pue,
-    )
-    return {
-        "model": result.model,
-        "objective": result.objective,
-        "global_batch": result.global_batch,
-        "tokens": result.tokens,
-        "hardware": [b.to_dict() for b in result.per_accelerator],
-        "search": result.stats.to_dict(),
-        "notes": list(result.notes),
-    }
+    return compare_to_dict(compare_from_args(ns, model, accs))
