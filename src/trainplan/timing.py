@@ -24,9 +24,11 @@ FLOPs and bytes come from ``flops.py`` (per device, per stage, per micro-batch),
 ``comm.py`` (alpha-beta on the two-level network). Pipeline bubbles (Narayanan et al. 2021
 Sec. 2.2; Qi et al. 2023 for zero bubble)::
 
-    1f1b         (p − 1) · t_mb
-    interleaved  (p − 1) · t_mb / v
-    zb (ZB-H1)   (p − 1) · t_mb / 3        (T_F + T_B − T_W with T_F ≈ T_B ≈ T_W; Qi et al. Sec. 3)
+    1f1b         (p − 1) · t_slot
+    interleaved  (p − 1) · t_slot / v
+    zb (ZB-H1)   (p − 1) · t_slot / 3      (T_F + T_B − T_W with T_F ≈ T_B ≈ T_W; Qi et al. Sec. 3)
+
+    t_slot = t_mb + (exposed_tp_s + exposed_ep_s + pp_p2p_s) / m   one micro-batch on a stage
 """
 
 from __future__ import annotations
@@ -337,16 +339,20 @@ def step_time(
         exposed_dp += max(0.0, per_mb - m * window_per_mb) + max(0.0, per_step - window_per_mb)
     exposed_dp += sum(c.time_s for c in colls if c.group in dp_groups and c.overlappable_with == "none")
 
-    # Pipeline bubble.
+    # Pipeline bubble: every stage idles for (p − 1) micro-batch slots during fill and drain, and a
+    # slot is everything a micro-batch costs on the critical path of a stage — its compute and its
+    # blocking tensor / expert-parallel collectives and pipeline sends (Narayanan et al. 2021
+    # Sec. 2.2.1: bubble = (p − 1)·(t_f + t_b) with t_f, t_b the per-micro-batch stage times).
     p = layout.pp
+    t_slot = t_mb + (tp_s + ep_s + pp_s) / m
     if p == 1:
         bubble = 0.0
     elif layout.pp_schedule == "interleaved":
-        bubble = (p - 1) * t_mb / layout.virtual_stages
+        bubble = (p - 1) * t_slot / layout.virtual_stages
     elif layout.pp_schedule == "zb":
-        bubble = (p - 1) * t_mb / 3.0
+        bubble = (p - 1) * t_slot / 3.0
     else:
-        bubble = (p - 1) * t_mb
+        bubble = (p - 1) * t_slot
 
     # Optimizer step on the device (memory-bound), or offloaded to the CPU.
     mem = memory if memory is not None else memory_breakdown(model, recipe, layout, num_microbatches=m)

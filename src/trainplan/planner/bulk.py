@@ -1058,6 +1058,7 @@ class BulkEvaluator:
         t_mb = t_f + t_b + t_r
         sched = self._c_sched[core]
         p1 = (pp - 1).astype(np.float64)
+        # Lower bound of the bubble: compute only (the exact bubble below adds communication).
         bubble = np.where(sched == 1, p1 * t_mb / v, np.where(sched == 2, p1 * t_mb / 3.0, p1 * t_mb))
         bubble = np.where(pp == 1, 0.0, bubble)
         trained_shard = trainable / np.where(zero >= 1, shard_size, 1)
@@ -1203,6 +1204,12 @@ class BulkEvaluator:
             if ov == "none":
                 none_sum = none_sum + t
         exposed_dp = exposed_dp + none_sum
+
+        # The exact bubble: a pipeline slot holds the stage's compute and its critical-path
+        # TP / EP / PP communication (timing.step_time); the bound above used compute alone.
+        t_slot = t_mb + (tp_s + ep_s + pp_s) / mf
+        bubble = np.where(sched == 1, p1 * t_slot / v, np.where(sched == 2, p1 * t_slot / 3.0, p1 * t_slot))
+        bubble = np.where(pp == 1, 0.0, bubble)
 
         step_s = (
             0
