@@ -155,9 +155,10 @@ def test_derived_step_time_recomputes_from_throughput(name: str) -> None:
 # ---------------------------------------------------------------- megatron2021 (Eq. 2, Eq. 3)
 
 
-def test_megatron2021_step_time_from_eq3_and_achieved_tflops() -> None:
-    rows = _timing("megatron2021_table1")
-    assert len(rows) == 10
+@pytest.mark.parametrize(("name", "count"), [("megatron2021_table1", 10), ("megatron2021_table2", 12)])
+def test_megatron2021_step_time_from_eq3_and_achieved_tflops(name: str, count: int) -> None:
+    rows = _timing(name)
+    assert len(rows) == count
     for r in rows:
         assert r.dims is not None and r.global_batch is not None and r.seq_len is not None
         assert r.measured_tflops_per_device is not None and r.derived_step_s is not None
@@ -168,8 +169,25 @@ def test_megatron2021_step_time_from_eq3_and_achieved_tflops() -> None:
         # Eq. 2 parameter count reproduces the size in the row name.
         params = 12 * L * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
         size_b = float(re.search(r"gpt-([\d.]+)b", r.model).group(1))  # type: ignore[union-attr]
-        assert round(params / 1e9, 1) == size_b, r.name  # Table 1 prints one decimal
-        assert r.recompute == "full" and r.zero == 0
+        assert round(params / 1e9, 1) == size_b, r.name  # the tables print one decimal
+        assert r.recompute == "full" and r.zero == (3 if "zero3" in r.name else 0)
+
+
+def test_megatron2021_table2_training_days_recompute_from_step_time() -> None:
+    """Table 2's last column, days for 300B tokens, equals 300e9 / (B·s) steps × the derived step."""
+    rows = _timing("megatron2021_table2")
+    for r in rows:
+        assert r.global_batch is not None and r.seq_len is not None and r.derived_step_s is not None
+        published_days = float(re.search(r"300B tokens (\d+) days", r.notes).group(1))  # type: ignore[union-attr]
+        days = 300e9 / (r.global_batch * r.seq_len) * r.derived_step_s / 86400
+        assert r.measured_tflops_per_device is not None
+        # Printed to whole TFLOP/s and whole days: each rounding is worth half a unit.
+        tolerance = 0.5 / r.measured_tflops_per_device + 0.5 / published_days
+        assert abs(days / published_days - 1) <= tolerance, r.name
+    # The equal-GPU-count pairs of the table: PTD-P is the faster scheme in every one.
+    pairs = scheme_pairs(rows)
+    assert sorted(f.num_devices for f, _ in pairs) == [384, 768, 1120, 1536, 2240]
+    assert all("-ptd-" in fast.name and "-zero3-" in slow.name for fast, slow in pairs)
 
 
 def test_megatron2021_spot_values() -> None:

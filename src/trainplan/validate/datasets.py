@@ -229,6 +229,15 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             target=0.05,
         ),
         DatasetInfo(
+            name="megatron2021_table2",
+            kind="timing",
+            metric="step_s",
+            mape_bound=0.35,
+            description="GPT 175B/530B on 384-2240 A100-80GB: PTD-P (TP8 x PP) vs ZeRO-3 without model parallelism at equal GPU counts",
+            source="Narayanan et al. 2021 (SC21, arXiv:2104.04473) Table 2",
+            target=0.10,
+        ),
+        DatasetInfo(
             name="korthikanti2022_table5",
             kind="timing",
             metric="step_s",
@@ -577,7 +586,7 @@ def scheme_pairs(
     allowed = (*TARGET_VERIFICATIONS, "INCOMPLETE") if include_incomplete else TARGET_VERIFICATIONS
     groups: dict[tuple[object, ...], list[TimingRow]] = {}
     for r in rows:
-        if r.verification not in allowed or r.scope != "step" or r.tokens_per_s is None:
+        if r.verification not in allowed or r.scope != "step" or _throughput(r) is None:
             continue
         key = (
             r.dataset,
@@ -603,6 +612,19 @@ def scheme_pairs(
                 layout_b = (b.dp, b.tp, b.pp, b.cp, b.zero, b.pp_schedule, b.virtual_stages, b.micro_batch)
                 if layout_a == layout_b:
                     continue
-                ta, tb = a.tokens_per_s or 0.0, b.tokens_per_s or 0.0
+                ta, tb = _throughput(a) or 0.0, _throughput(b) or 0.0
                 pairs.append((a, b) if ta >= tb else (b, a))
     return pairs
+
+
+def _throughput(r: TimingRow) -> float | None:
+    """Tokens/s of a row: published, or ``global_batch · seq_len / step_s`` from its step time.
+
+    Rows of one :func:`scheme_pairs` group share the global batch and sequence length, so ordering
+    by this figure is ordering by step time.
+    """
+    if r.tokens_per_s is not None:
+        return r.tokens_per_s
+    if r.step_s is not None and r.global_batch is not None and r.seq_len is not None and r.step_s > 0:
+        return r.global_batch * r.seq_len / r.step_s
+    return None

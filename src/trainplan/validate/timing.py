@@ -141,7 +141,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
     model = _model(row)
     attention: Attention = "eager" if row.dataset.startswith(("megatron2021", "korthikanti")) else "flash"
     overlap_grad_reduce = True
-    if row.dataset == "megatron2021_table1":
+    if row.dataset.startswith("megatron2021") and zero == 0:
         overlap_grad_reduce = False
         assumptions.append("gradient all-reduce after the backward (Megatron-LM 2021 LocalDDP)")
     recipe = Recipe(
