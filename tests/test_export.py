@@ -126,6 +126,18 @@ TORCHTITAN_PLANS = [
         {"model": "qwen3-30b-a3b", "devices": 16, "ep": 8, "zero": 3, "recipe": {"micro_batch": 2}},
         id="moe-ep",
     ),
+    pytest.param(
+        {
+            "model": "llama-3.1-8b",
+            "devices": 8,
+            "tp": 4,
+            "zero": 3,
+            "sequence_parallel": True,
+            "tp_comm_overlap": True,
+            "recipe": {"micro_batch": 1, "global_batch": 16},
+        },
+        id="async-tp",
+    ),
 ]
 
 
@@ -161,6 +173,10 @@ def test_torchtitan_roundtrip(plan: dict[str, Any], tmp_path: Path) -> None:
     assert cfg.activation_checkpoint.mode == recipe.recompute
     assert cfg.model.name in ("llama3", "qwen3")
     assert ("quantize.linear.float8" in cfg.model.converters) == (recipe.precision == "fp8")
+    # Async TP is the plan's TP overlap; torchtitan applies it only under torch.compile.
+    assert cfg.parallelism.enable_async_tensor_parallel == layout.tp_comm_overlap
+    if layout.tp_comm_overlap:
+        assert cfg.compile.enable
 
 
 def test_torchtitan_interleaved_stage_count() -> None:
@@ -396,6 +412,8 @@ def test_every_target_writes_parseable_text(target: str) -> None:
         ("deepspeed", {"pp": 2}, "pp"),
         ("deepspeed", {"cp": 2}, "cp"),
         ("deepspeed", {"tp": 2, "zero": 3}, "tp"),
+        ("deepspeed", {"tp": 2, "sequence_parallel": True, "tp_comm_overlap": True}, "tp_comm_overlap"),
+        ("accelerate", {"tp": 2, "zero": 3, "sequence_parallel": True, "tp_comm_overlap": True}, "tp_comm_overlap"),
         ("deepspeed", {"recipe": {"precision": "fp8"}}, "precision"),
         ("deepspeed", {"recipe": {"recompute": "selective"}}, "recompute"),
         ("deepspeed", {"zero": 2, "recipe": {"offload": "optimizer+params"}}, "offload"),

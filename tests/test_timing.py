@@ -196,3 +196,92 @@ def test_offload_adds_host_transfer_time() -> None:
     off = est("h100-sxm", 8, Layout(dp=8, zero=3), base)
     assert on.time.offload_s > 0 and off.time.offload_s == 0
     assert on.time.optimizer_s == 0 and off.time.optimizer_s > 0
+
+
+# ---------------------------------------------------------------- communication overlap options
+
+
+def _tp_layout(**kw: object) -> Layout:
+    base: dict[str, object] = {"dp": 2, "tp": 4, "pp": 8, "sequence_parallel": True}
+    base.update(kw)
+    return Layout(**base)  # type: ignore[arg-type]
+
+
+def test_tp_comm_overlap_leaves_only_the_last_pipelined_chunk_when_gemms_are_longer() -> None:
+    recipe = Recipe(seq_len=8192, global_batch=64, recompute="full")
+    plain = est("h100-sxm", 64, _tp_layout(), recipe, "llama-3.1-70b")
+    over = est("h100-sxm", 64, _tp_layout(tp_comm_overlap=True), recipe, "llama-3.1-70b")
+    colls = plain.time.collectives
+    # TP inside an NVLink node: every pass's collectives are shorter than its GEMMs, so what stays
+    # exposed is the last of the four chunks of the forward (and recompute) reduce-scatters.
+    rs = sum(
+        c.time_s for c in colls if c.group == "tp" and c.kind == "reduce_scatter" and "backward" not in c.name
+    )
+    assert over.time.exposed_tp_s == pytest.approx(rs / 4, rel=1e-12)
+    assert 0 < over.time.exposed_tp_s < plain.time.exposed_tp_s
+    assert over.time.step_s < plain.time.step_s
+    assert over.time.compute_s == plain.time.compute_s
+    assert over.time.bubble_s < plain.time.bubble_s  # a pipeline slot carries less communication
+
+
+def test_tp_comm_overlap_exposes_what_exceeds_the_gemms_across_nodes() -> None:
+    """tp = 32 spans four 8-GPU NVLink domains: the collectives outlast the GEMMs, the excess shows."""
+    from trainplan.flops import device_flops
+
+    recipe = Recipe(seq_len=2048, global_batch=16)
+    layout = Layout(dp=1, tp=32, sequence_parallel=True)
+    plain = est("h100-sxm", 32, layout, recipe, "llama-3.2-1b")
+    over = est("h100-sxm", 32, replace(layout, tp_comm_overlap=True), recipe, "llama-3.2-1b")
+    t = plain.time
+    (stage,) = device_flops(load_model("llama-3.2-1b"), recipe, layout)
+    peak = get_accelerator("h100-sxm").peak_flops_per_s("bf16")
+    expected = 0.0
+    for name, cost in (("forward", stage.forward), ("backward", stage.backward)):
+        gemm_s = t.micro_batches * cost.gemm_flops / (peak * t.gemm_efficiency) / t.kappa
+        # (the backward's collectives include the weight-gradient input re-gather)
+        tp = [c for c in t.collectives if c.group == "tp" and c.name.startswith(f"tp_{name}_")]
+        comm_s = sum(c.time_s for c in tp)
+        assert comm_s > gemm_s, name  # the case this test is about
+        expected += comm_s - gemm_s
+        if name == "forward":
+            expected += sum(c.time_s for c in tp if c.kind == "reduce_scatter") / 4
+    assert over.time.exposed_tp_s == pytest.approx(expected, rel=1e-12)
+    assert over.time.exposed_tp_s < t.exposed_tp_s
+
+
+def test_pp_comm_overlap_hides_sends_behind_compute() -> None:
+    recipe = Recipe(seq_len=4096, global_batch=64)
+    layout = _tp_layout(pp_schedule="interleaved", virtual_stages=5)
+    plain = est("h100-sxm", 64, layout, recipe, "llama-3.1-70b")
+    over = est("h100-sxm", 64, replace(layout, pp_comm_overlap=True), recipe, "llama-3.1-70b")
+    assert plain.time.pp_p2p_s > 0 and over.time.pp_p2p_s == 0.0
+    assert over.time.step_s < plain.time.step_s
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from(["a100-80gb", "h100-sxm", "b200", "mi300x"]),
+    st.sampled_from([(2, 1), (4, 2), (8, 4), (16, 1)]),
+    st.sampled_from(["none", "full"]),
+    st.sampled_from([2048, 8192]),
+)
+def test_overlap_options_never_slow_a_step(hw: str, tp_pp: tuple[int, int], recompute: str, seq: int) -> None:
+    tp, pp = tp_pp
+    devices = 16 * max(1, tp * pp // 16)
+    layout = Layout.for_devices(devices, tp=tp, pp=pp, sequence_parallel=True)
+    recipe = Recipe(seq_len=seq, global_batch=devices * 2, recompute=recompute)  # type: ignore[arg-type]
+    plain = est(hw, devices, layout, recipe, "llama-3.1-70b")
+    over = est(
+        hw, devices, replace(layout, tp_comm_overlap=True, pp_comm_overlap=pp > 1), recipe, "llama-3.1-70b"
+    )
+    assert over.time.step_s <= plain.time.step_s * (1 + 1e-12)
+    assert over.time.step_s == pytest.approx(sum(v for _, v in over.time.terms()), rel=1e-12)
+
+
+def test_overlap_options_are_validated() -> None:
+    from trainplan.errors import LayoutError
+
+    with pytest.raises(LayoutError, match="--sequence-parallel"):
+        Layout(tp=2, tp_comm_overlap=True)
+    with pytest.raises(LayoutError, match="pp > 1"):
+        Layout(dp=2, pp_comm_overlap=True)

@@ -152,6 +152,17 @@ def add_layout_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="reduce gradients after the backward instead of overlapping it (older Megatron-LM)",
     )
+    g.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="overlap the sequence-parallel collectives with the GEMMs (Megatron-Core --tp-comm-overlap, "
+        "torchtitan async TP; needs --sequence-parallel)",
+    )
+    g.add_argument(
+        "--pp-comm-overlap",
+        action="store_true",
+        help="overlap pipeline sends with other micro-batches' compute (Megatron-Core overlap_p2p_comm)",
+    )
 
 
 def recipe_from_args(args: argparse.Namespace) -> object:
@@ -206,6 +217,8 @@ def layout_from_args(args: argparse.Namespace) -> object:
         pp_schedule=args.pp_schedule,
         virtual_stages=args.virtual_stages,
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
+        tp_comm_overlap=args.tp_comm_overlap,
+        pp_comm_overlap=args.pp_comm_overlap,
     )
 
 

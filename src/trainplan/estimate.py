@@ -127,6 +127,8 @@ def layout_to_dict(layout: Layout) -> dict[str, object]:
         "pp_schedule": layout.pp_schedule,
         "virtual_stages": layout.virtual_stages,
         "overlap_grad_reduce": layout.overlap_grad_reduce,
+        "tp_comm_overlap": layout.tp_comm_overlap,
+        "pp_comm_overlap": layout.pp_comm_overlap,
     }
 
 

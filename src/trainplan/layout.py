@@ -14,6 +14,16 @@ Degrees (torchtitan's ``ParallelDims`` and Megatron-LM's ``parallel_state`` use 
 Li et al. 2020 Sec. 3.2.3; Megatron-Core ``overlap_grad_reduce``); False = after the backward of
 the last micro-batch, as Megatron-LM's 2021 ``LocalDDP`` did (``megatron/model/distributed.py``).
 
+``tp_comm_overlap``: the sequence-parallel all-gathers and reduce-scatters run beside the linear
+layers' GEMMs instead of before / after them (Megatron-Core ``--tp-comm-overlap`` with Transformer
+Engine userbuffers; torchtitan's async tensor parallelism). Needs ``sequence_parallel``: the
+overlapped collectives are the sequence-parallel ones (Megatron Bridge turns the option off
+without sequence parallelism, ``bridge/training/comm_overlap.py``).
+
+``pp_comm_overlap``: pipeline sends and receives run beside the compute of other micro-batches
+(Megatron-Core ``overlap_p2p_comm``, which Megatron Bridge enables for interleaved schedules) instead
+of blocking the stage.
+
 ZeRO stages (Rajbhandari et al. 2020, Sec. 5): 0 = DDP, 1 = optimizer states sharded,
 2 = + gradients sharded, 3 = + parameters sharded (= FSDP FULL_SHARD / FSDP2 ``fully_shard``).
 Errors show the arithmetic, e.g. ``tp=3 does not divide 32 attention heads``.
@@ -43,6 +53,8 @@ class Layout:
     pp_schedule: PipelineSchedule = "1f1b"
     virtual_stages: int = 1
     overlap_grad_reduce: bool = True  # bucketed gradient reduction overlapped with backward
+    tp_comm_overlap: bool = False  # sequence-parallel collectives overlapped with the linear GEMMs
+    pp_comm_overlap: bool = False  # pipeline sends overlapped with other micro-batches' compute
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -62,6 +74,14 @@ class Layout:
             raise LayoutError(
                 "sequence_parallel", "sequence parallelism needs tp > 1 (it shards along the tp group)"
             )
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise LayoutError(
+                "tp_comm_overlap",
+                "tensor-parallel communication overlap needs sequence parallelism (it overlaps the "
+                "sequence-parallel all-gather / reduce-scatter with the GEMMs); add --sequence-parallel",
+            )
+        if self.pp_comm_overlap and self.pp == 1:
+            raise LayoutError("pp_comm_overlap", "pipeline communication overlap needs pp > 1")
         if self.virtual_stages > 1 and self.pp_schedule != "interleaved":
             raise LayoutError(
                 "virtual_stages", f"virtual_stages={self.virtual_stages} needs --pp-schedule interleaved"
@@ -87,6 +107,8 @@ class Layout:
         pp_schedule: PipelineSchedule = "1f1b",
         virtual_stages: int = 1,
         overlap_grad_reduce: bool = True,
+        tp_comm_overlap: bool = False,
+        pp_comm_overlap: bool = False,
     ) -> Layout:
         """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
         if not isinstance(devices, int) or devices <= 0:
@@ -112,6 +134,8 @@ class Layout:
             pp_schedule=pp_schedule,
             virtual_stages=virtual_stages,
             overlap_grad_reduce=overlap_grad_reduce,
+            tp_comm_overlap=tp_comm_overlap,
+            pp_comm_overlap=pp_comm_overlap,
         )
 
     @property
@@ -184,7 +208,9 @@ class Layout:
             parts.append(f"ep={self.ep}")
         parts.append(f"zero={self.zero}")
         if self.sequence_parallel:
-            parts.append("sp")
+            parts.append("sp+overlap" if self.tp_comm_overlap else "sp")
         if self.pp > 1:
             parts.append(self.pp_schedule + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else ""))
+            if self.pp_comm_overlap:
+                parts.append("p2p-overlap")
         return " ".join(parts)

@@ -3,9 +3,11 @@
 For the busiest pipeline stage, one device, one optimizer step with m micro-batches::
 
     step_s = compute_s                      m · (forward + backward + recompute) of the stage
-           + exposed_tp_s + exposed_ep_s    tensor / expert parallel collectives (critical path)
+           + exposed_tp_s + exposed_ep_s    tensor / expert parallel collectives (critical path;
+                                            --tp-comm-overlap: only what the GEMMs do not hide)
            + exposed_cp_s                   context-parallel K/V exchange not hidden by attention
-           + pp_p2p_s                       pipeline activation sends
+           + pp_p2p_s                       pipeline activation sends (--pp-comm-overlap: only
+                                            what exceeds the stage's compute)
            + exposed_dp_s                   data-parallel / ZeRO traffic not hidden by compute
            + bubble_s                       pipeline fill and drain (schedule-dependent)
            + optimizer_s                    the optimizer update (memory-bound), on the device
@@ -218,6 +220,48 @@ def _pass_time_s(cost: PassCost, peak: float, eta_gemm: float, eta_attn: float, 
     )
 
 
+TP_OVERLAP_PIPELINE_SPLITS: Final = 4
+"""Chunks of a GEMM + reduce-scatter pipeline under Transformer Engine userbuffers: the
+``proj_fprop`` / ``fc2_fprop`` presets use ``PipelineOverlapCfg(num_splits=4)`` (NeMo
+``collections/llm/recipes/tp_overlap_configs/userbuffers.py``; Megatron Bridge
+``training/comm_overlap.py``)."""
+
+
+def overlapped_tp_s(colls: tuple[Collective, ...], gemm_s: dict[str, float]) -> float:
+    """Exposed tensor-parallel time when the sequence-parallel collectives overlap the GEMMs.
+
+    Transformer Engine's userbuffers overlap (Megatron-Core ``--tp-comm-overlap``) pairs every
+    sequence-parallel collective of a pass with a linear layer's GEMM of the same pass: the
+    all-gather before QKV / FC1 is a ring exchange that feeds the GEMM chunk by chunk, the
+    reduce-scatter after the output projection / FC2 is pipelined with that GEMM in
+    ``TP_OVERLAP_PIPELINE_SPLITS`` chunks, and the backward's re-gather and input-gradient
+    reduce-scatter run beside the independent weight- / input-gradient GEMM ("bulk" overlap).
+    Per pass (forward, backward, recompute), with C the pass's TP collective time and G its GEMM
+    time::
+
+        exposed = max(0, C − G) + C_rs / splits      (C_rs: the pipelined forward reduce-scatters)
+
+    The last chunk's reduce-scatter has no GEMM left to hide behind. Not modelled: the GEMM
+    slow-down from the SMs the communication kernels take (``set_sm_margin``), which the presets
+    bound at 16–32 of 132 H100 SMs for the pipelined pairs. Same idea as the collective-matmul
+    decomposition of Wang et al. 2023 (ASPLOS, "Overlap communication with dependent computation
+    via decomposition in large deep learning models").
+    """
+    exposed = 0.0
+    for name, g in gemm_s.items():
+        # The backward's collectives include the weight-gradient input re-gather (tp_backward_input_regather).
+        c = sum(x.time_s for x in colls if x.group == "tp" and x.name.startswith(f"tp_{name}_"))
+        exposed += max(0.0, c - g)
+        if name != "backward":
+            c_rs = sum(
+                x.time_s
+                for x in colls
+                if x.group == "tp" and x.name.startswith(f"tp_{name}_") and x.kind == "reduce_scatter"
+            )
+            exposed += c_rs / TP_OVERLAP_PIPELINE_SPLITS
+    return exposed
+
+
 def gemm_peak_flops_per_s(system: System, recipe: Recipe) -> float:
     """Dense peak of the recipe's GEMM dtype (fp32 recipes use TF32 where the device has it)."""
     acc = system.accelerator
@@ -310,8 +354,22 @@ def step_time(
         micro_batches=m,
     )
     tp_s = sum(c.time_s for c in colls if c.group == "tp")
+    if layout.tp_comm_overlap:
+        gemm_s = {
+            name: m * cost.gemm_flops / (peak * eta) / kappa
+            for name, cost in (
+                ("forward", busiest.forward),
+                ("backward", busiest.backward),
+                ("recompute", busiest.recompute),
+            )
+        }
+        tp_s = overlapped_tp_s(colls, gemm_s)
     ep_s = sum(c.time_s for c in colls if c.group == "ep")
     pp_s = sum(c.time_s for c in colls if c.group == "pp")
+    if layout.pp_comm_overlap:
+        # Sends of one micro-batch run while the stage computes another (Megatron-Core
+        # ``overlap_p2p_comm``): only what exceeds the stage's compute is exposed.
+        pp_s = max(0.0, pp_s - m * t_mb)
     cp_fwd = sum(c.time_s for c in colls if c.group == "cp" and c.overlappable_with == "forward")
     cp_bwd = sum(c.time_s for c in colls if c.group == "cp" and c.overlappable_with == "backward")
     attn_f = busiest.forward.attention_flops / (peak * eta_attn) * m

@@ -52,6 +52,13 @@ _MIXED: Final = {"fp32": "no", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 
 
 def _backend(recipe: Recipe, layout: Layout) -> str:
+    if layout.tp_comm_overlap:
+        raise unsupported(
+            TARGET,
+            "tp_comm_overlap",
+            "tensor-parallel communication overlap (its FSDP2 parallelism_config has no async TP)",
+            "plan without --tp-comm-overlap, or export to torchtitan (async tensor parallelism)",
+        )
     if layout.zero == 1 or recipe.offload == "optimizer":
         if layout.tp > 1 or layout.cp > 1:
             raise unsupported(

@@ -71,6 +71,13 @@ def build_config(
             f"expert parallelism (ep={layout.ep}): it is set by deepspeed.moe.layer.MoE(ep_size=...) in model code",
             "plan with --ep 1, or export to torchtitan",
         )
+    if layout.tp_comm_overlap:
+        raise unsupported(
+            TARGET,
+            "tp_comm_overlap",
+            "tensor-parallel communication overlap (AutoTP runs its collectives after the GEMMs)",
+            "plan without --tp-comm-overlap, or export to torchtitan (async tensor parallelism)",
+        )
     if layout.tp > 1 and layout.zero == 3:
         raise unsupported(
             TARGET,

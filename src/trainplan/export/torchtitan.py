@@ -22,7 +22,7 @@ rejects unknown keys. The keys and where torchtitan uses them:
 ``pipeline_parallel_degree``, ``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size``,
 ``pipeline_parallel_layers_per_stage``, ``pipeline_parallel_first_stage_less_layers``,
 ``pipeline_parallel_last_stage_less_layers``, ``context_parallel_degree``, ``expert_parallel_degree``,
-``expert_tensor_parallel_degree``
+``expert_tensor_parallel_degree``, ``enable_async_tensor_parallel``
     ``job_config.Parallelism``; checked against the world size by
     ``torchtitan/distributed/parallel_dims.py::ParallelDims``. Schedule names are those of
     ``torch.distributed.pipelining.schedules.get_schedule_class``; stage counts follow
@@ -290,6 +290,10 @@ def build_config(
         )
     if layout.ep > 1 and layout.ep > layout.dp * layout.cp:
         raise unsupported(TARGET, "ep", f"ep={layout.ep} > dp·cp", "lower ep")
+    if layout.tp_comm_overlap:
+        # Async TP (``torchtitan/distributed/tensor_parallel.py::maybe_enable_async_tp``) works only
+        # under torch.compile, which the [compile] table below then enables.
+        parallelism["enable_async_tensor_parallel"] = True
 
     # -- batch: without PP the micro-batches are gradient-accumulation steps; with PP they are the
     # pipeline's micro-batches inside one local batch.
@@ -366,7 +370,10 @@ def build_config(
         "training": training,
         "parallelism": parallelism,
         "activation_checkpoint": {"mode": recipe.recompute},
-        "compile": {"enable": recipe.precision in ("fp8", "fp4"), "components": ["model", "loss"]},
+        "compile": {
+            "enable": recipe.precision in ("fp8", "fp4") or layout.tp_comm_overlap,
+            "components": ["model", "loss"],
+        },
     }
     if recipe.recompute == "selective":
         config["activation_checkpoint"]["selective_ac_option"] = "op"
