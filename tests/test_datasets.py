@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
+from trainplan.recipe import OFFLOADS, OPTIMIZERS
 from trainplan.validate import (
     REGISTRY,
     DatasetError,
@@ -18,6 +20,8 @@ from trainplan.validate import (
     targets,
     timing_rows,
 )
+from trainplan.validate.datasets import RecipeFlags, _Cells
+from trainplan.validate.timing import row_inputs
 
 ALL = datasets()
 TIMING = {name: rows for name, rows in ALL.items() if REGISTRY[name].kind == "timing"}
@@ -343,3 +347,121 @@ def test_unknown_dataset_and_wrong_kind_name_the_problem() -> None:
         timing_rows("nope")
     with pytest.raises(DatasetError, match="memory dataset"):
         timing_rows("zero2020_table1")
+
+
+# ---------------------------------------------------------------- recipe columns (optimizer, offload, recipe_flags)
+
+
+def _cells(**cells: str) -> _Cells:
+    return _Cells("example", 2, cells)
+
+
+def test_recipe_flags_parse_and_name_bad_entries() -> None:
+    flags = _cells(
+        recipe_flags="paged_optimizer; optimizer_in_backward;no_master_weights;loss_chunks=8;"
+        "lora_rank=16;lora_alpha=32;lora_targets=q+k+v;torch_compile;packed"
+    ).recipe_flags()
+    assert flags == RecipeFlags(
+        paged_optimizer=True,
+        optimizer_in_backward=True,
+        master_weights=False,
+        torch_compile=True,
+        packed=True,
+        loss_chunks=8,
+        lora_rank=16,
+        lora_alpha=32.0,
+        lora_targets=("q", "k", "v"),
+    )
+    assert flags.has_lora
+    # An absent or empty column states nothing: the defaults.
+    assert _cells().recipe_flags() == RecipeFlags() == _cells(recipe_flags="").recipe_flags()
+    assert not RecipeFlags().has_lora
+    for bad, match in (
+        ("paged", "unknown flag 'paged'"),
+        ("lora_rank=0", "lora_rank: must be positive"),
+        ("loss_chunks=eight", "loss_chunks: expected an integer"),
+        ("lora_targets=q+qkv", "'qkv' is not one of"),
+        ("lora_rank=8;lora_rank=16", "lora_rank given twice"),
+        ("rank=8", "unknown setting 'rank'"),
+    ):
+        with pytest.raises(DatasetError, match=match) as err:
+            _cells(recipe_flags=bad).recipe_flags()
+        assert "example.csv line 2 column recipe_flags" in str(err.value)
+    assert _cells(optimizer="adamw-8bit").optional_choice("optimizer", OPTIMIZERS) == "adamw-8bit"
+    assert _cells().optional_choice("offload", OFFLOADS) is None
+    with pytest.raises(DatasetError, match="'cpu' is not one of"):
+        _cells(offload="cpu").optional_choice("offload", OFFLOADS)
+
+
+def test_recipe_columns_default_where_absent() -> None:
+    """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults."""
+    for name, rows in TIMING.items():
+        if name == "torchtune_throughput":
+            continue
+        for r in rows:
+            assert isinstance(r, TimingRow)
+            assert r.optimizer is None and r.offload is None and r.recipe_flags == RecipeFlags(), r.name
+
+
+# Each torchtune row's recipe, read off its config (pytorch/torchtune recipes/configs at the commit
+# that added its README table) and the README's own settings; see the rows' notes.
+# (recompute, optimizer, offload, paged, in-backward, loss chunks, LoRA (rank, alpha, targets), zero,
+#  micro-batch, global batch, seq, compile, packed)
+_QV, _QKV, _ALL = ("q", "v"), ("q", "k", "v"), ("q", "k", "v", "o", "gate", "up", "down")
+TORCHTUNE_RECIPES: dict[str, tuple[object, ...]] = {
+    # 30b8519e8 (2024-09): batch 2, no accumulation, packed to 2048, compile on
+    "torchtune-00": ("full", "adamw-8bit", "none", True, True, 8, None, 0, 2, 2, 2048, True, True),
+    "torchtune-01": ("none", "adamw-8bit", "none", True, True, 8, None, 0, 2, 2, 2048, True, True),
+    "torchtune-02": ("full", "adamw", "none", False, False, 8, (8, 16, _QV), 0, 2, 2, 2048, True, True),
+    "torchtune-03": ("none", "adamw", "none", False, False, 8, (8, 16, _QV), 0, 2, 2, 2048, True, True),
+    "torchtune-04": ("full", "adamw", "none", False, False, 8, (8, 16, _ALL), 0, 2, 2, 2048, True, True),
+    "torchtune-05": ("full", "adamw", "optimizer+params", False, False, 8, None, 3, 2, 16, 2048, True, True),
+    "torchtune-06": ("full", "adamw", "none", False, False, 8, (16, 32, _QKV), 3, 2, 16, 2048, True, True),
+    "torchtune-07": ("full", "adamw", "none", False, False, 1, (16, 32, _ALL), 3, 2, 16, 2048, True, True),
+    # 0217d44c2 (2024-05): batch 4, config accumulation, max_seq_len truncation (no packing)
+    "torchtune-08": ("full", "adamw", "none", False, False, 1, (8, 16, _ALL), 0, 4, 64, 2048, True, False),
+    "torchtune-09": ("full", "adamw", "none", False, False, 1, (8, 16, _QV), 0, 4, 256, 2048, False, False),
+    "torchtune-10": ("none", "adamw", "none", False, False, 1, (8, 16, _QV), 3, 4, 256, 2048, False, False),
+    "torchtune-11": ("full", "adamw", "none", True, True, 1, None, 0, 4, 4, 2048, False, False),
+    "torchtune-12": ("full", "adamw", "none", False, False, 1, None, 3, 4, 16, 2048, False, False),
+    "torchtune-13": ("full", "adamw", "none", False, False, 1, (16, 32, _QKV), 3, 4, 32, 4096, False, False),
+    "torchtune-14": ("unstated", "adamw", "none", True, False, 1, None, 3, 4, None, 4096, False, False),
+}
+
+
+def test_torchtune_rows_carry_their_config_recipe() -> None:
+    rows = _timing("torchtune_throughput")
+    assert sorted(r.name[:12] for r in rows) == sorted(TORCHTUNE_RECIPES)
+    for r in rows:
+        rec_, opt, off, paged, in_bwd, chunks, lora, zero, micro, gbs, seq, compiled, packed = (
+            TORCHTUNE_RECIPES[r.name[:12]]
+        )
+        assert (r.recompute, r.optimizer, r.offload, r.zero) == (rec_, opt, off, zero), r.name
+        assert (r.micro_batch, r.global_batch, r.seq_len) == (micro, gbs, seq), r.name
+        f = r.recipe_flags
+        assert (f.torch_compile, f.packed, f.master_weights) == (compiled, packed, False), r.name
+        # Every filled value cites its config and commit.
+        commit = "30b8519e8" if r.date.startswith("2024-09") else "0217d44c2"
+        assert commit in r.source and commit in r.notes, r.name
+        assert "recipes/configs/" in r.source or "no config" in r.notes, r.name
+        # Rows whose configuration is not fully published are not scored: the 2024-05 table's tokens
+        # per step (max_seq_len truncation, padded batches) and the A6000 rows' inferred checkpointing.
+        assert r.is_target == (r.date.startswith("2024-09") and "a6000" not in r.hardware), r.name
+
+        # The recipe row_inputs builds is the row's (the A6000 is not in the catalog; the recipe
+        # does not depend on the device).
+        built = row_inputs(replace(r, hardware="rtx-4090") if r.hardware == "rtx-a6000" else r)
+        recipe, layout = built[2], built[3]
+        assert recipe.recompute == ("none" if rec_ == "unstated" else rec_), r.name
+        assert (recipe.optimizer, recipe.offload) == (opt, off), r.name
+        assert (recipe.paged_optimizer, recipe.optimizer_in_backward) == (paged, in_bwd), r.name
+        assert recipe.master_weights is False and recipe.loss_chunks == chunks, r.name
+        assert (recipe.micro_batch, recipe.global_batch, recipe.seq_len) == (micro, gbs, seq), r.name
+        assert recipe.precision == "bf16" and recipe.method == r.method, r.name
+        assert layout.zero == zero and layout.dp == r.num_devices, r.name
+        if lora is None:
+            assert recipe.lora is None and r.method == "full", r.name
+        else:
+            assert recipe.lora is not None and r.method in ("lora", "qlora"), r.name
+            assert (recipe.lora.rank, recipe.lora.alpha, recipe.lora.targets) == lora, r.name
+            assert not any("LoRA" in a or "lora_" in a for a in built[4]), r.name

@@ -15,6 +15,11 @@ a ``verification`` status and a ``split``:
 Only VERBATIM and DERIVED rows are test targets (:attr:`TimingRow.is_target`). The model is never
 tuned on ``validate`` rows; see ``docs/datasets.md`` for which rows calibrate and why.
 
+Timing CSVs may carry three optional recipe columns (absent or empty = not published, the
+trainplan default applies): ``optimizer`` (a ``trainplan.recipe`` optimizer name), ``offload``
+(``none``, ``optimizer``, ``optimizer+params``) and ``recipe_flags`` (settings without a column of
+their own, parsed into :class:`RecipeFlags`).
+
 Units: times in seconds, throughput in tokens per second, memory in the unit the source prints
 (``GB`` = 1e9 bytes, ``GiB`` = 2**30 bytes, ``TB`` = 1e12 bytes), converted by
 :attr:`MemoryRow.measured_bytes`.
@@ -30,6 +35,7 @@ from importlib import resources
 from typing import Final, Literal, get_args
 
 from trainplan.errors import TrainplanError
+from trainplan.recipe import LORA_TARGETS, OFFLOADS, OPTIMIZERS
 
 Split = Literal["calibrate", "validate"]
 Verification = Literal["VERBATIM", "DERIVED", "INCOMPLETE", "UNVERIFIED", "OUT_OF_SCOPE"]
@@ -88,6 +94,52 @@ class ModelDims:
         return self.hidden // self.heads
 
 
+RECIPE_SWITCHES: Final = (
+    "paged_optimizer",
+    "optimizer_in_backward",
+    "no_master_weights",
+    "torch_compile",
+    "packed",
+)
+RECIPE_SETTINGS: Final = ("loss_chunks", "lora_rank", "lora_alpha", "lora_targets")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeFlags:
+    """Recipe settings of a measured run that have no CSV column of their own.
+
+    Column ``recipe_flags``: ``;``-separated entries, each a switch or ``key=value``::
+
+        paged_optimizer        bitsandbytes paged optimizer (states in CUDA unified memory)
+        optimizer_in_backward  each parameter stepped inside the backward (torchtune optimizer_in_bwd)
+        no_master_weights      pure 16-bit training: no FP32 master copy, optimizer states in the
+                               weight dtype (torchtune ``dtype: bf16``)
+        torch_compile          torch.compile on (recorded; the step-time model has no compile term)
+        packed                 samples packed into sequences of exactly ``seq_len`` tokens
+        loss_chunks=N          cross-entropy in N sequence chunks (torchtune CEWithChunkedOutputLoss)
+        lora_rank=R            LoRA rank
+        lora_alpha=A           LoRA scaling numerator (alpha / rank scales the adapter)
+        lora_targets=q+v       adapted linear layers, ``+``-separated: q, k, v, o, gate, up, down
+
+    Empty cell: nothing stated beyond the other columns.
+    """
+
+    paged_optimizer: bool = False
+    optimizer_in_backward: bool = False
+    master_weights: bool = True
+    torch_compile: bool = False
+    packed: bool = False
+    loss_chunks: int | None = None  # None: not stated (one cross-entropy over all tokens)
+    lora_rank: int | None = None
+    lora_alpha: float | None = None
+    lora_targets: tuple[str, ...] | None = None
+
+    @property
+    def has_lora(self) -> bool:
+        """True when any LoRA setting is given."""
+        return self.lora_rank is not None or self.lora_alpha is not None or self.lora_targets is not None
+
+
 @dataclass(frozen=True, kw_only=True)
 class TimingRow:
     """One published step-time / throughput / MFU measurement with its full configuration."""
@@ -117,6 +169,9 @@ class TimingRow:
     recompute: str  # none | selective | full | unstated
     method: str
     variant: str
+    optimizer: str | None  # a trainplan optimizer name; None: not published (AdamW assumed)
+    offload: str | None  # none | optimizer | optimizer+params; None: not published (none)
+    recipe_flags: RecipeFlags  # settings without a column (``recipe_flags``); defaults when empty
     scope: Scope  # "step": one optimizer step; "layer": forward+backward of one transformer layer
     measured_step_s: float | None
     measured_tokens_per_s: float | None  # all devices together
@@ -301,10 +356,10 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             name="torchtune_throughput",
             kind="timing",
             metric="tokens_per_s",
-            mape_bound=1.5,
-            description="torchtune full/LoRA/QLoRA fine-tuning tokens/s on RTX 4090, A6000, A100",
-            source="pytorch/torchtune README.md 'Memory and training speed'",
-            target=0.3,
+            mape_bound=0.20,
+            description="torchtune full/LoRA/QLoRA fine-tuning tokens/s on RTX 4090, A6000, A100, "
+            "each row with the recipe of its torchtune config",
+            source="pytorch/torchtune README.md 'Memory and training speed' and recipes/configs/ (30b8519e8, 0217d44c2)",
         ),
         DatasetInfo(
             name="torchtune_memory",
@@ -360,6 +415,82 @@ class _Cells:
         if column not in self.raw:
             raise self.fail(column, "missing column")
         return (self.raw[column] or "").strip()
+
+    def optional_text(self, column: str) -> str:
+        """The cell of an optional column; "" when the file has no such column."""
+        return (self.raw.get(column) or "").strip()
+
+    def optional_choice(self, column: str, choices: tuple[str, ...]) -> str | None:
+        v = self.optional_text(column)
+        if v == "":
+            return None
+        if v not in choices:
+            raise self.fail(column, f"{v!r} is not one of {', '.join(choices)}")
+        return v
+
+    def recipe_flags(self) -> RecipeFlags:
+        """Parse the optional ``recipe_flags`` column (see :class:`RecipeFlags`)."""
+        column = "recipe_flags"
+        switches: set[str] = set()
+        settings: dict[str, str] = {}
+        for entry in self.optional_text(column).split(";"):
+            entry = entry.strip()
+            if not entry:
+                continue
+            key, eq, value = (part.strip() for part in entry.partition("="))
+            if not eq:
+                if key not in RECIPE_SWITCHES:
+                    raise self.fail(
+                        column,
+                        f"unknown flag {key!r}; switches: {', '.join(RECIPE_SWITCHES)}; "
+                        f"settings (key=value): {', '.join(RECIPE_SETTINGS)}",
+                    )
+                switches.add(key)
+            elif key not in RECIPE_SETTINGS:
+                raise self.fail(
+                    column, f"unknown setting {key!r}; choose one of {', '.join(RECIPE_SETTINGS)}"
+                )
+            elif key in settings:
+                raise self.fail(column, f"{key} given twice")
+            else:
+                settings[key] = value
+
+        def positive_int(key: str) -> int | None:
+            if key not in settings:
+                return None
+            try:
+                v = int(settings[key])
+            except ValueError:
+                raise self.fail(column, f"{key}: expected an integer, got {settings[key]!r}") from None
+            if v <= 0:
+                raise self.fail(column, f"{key}: must be positive, got {v}")
+            return v
+
+        alpha: float | None = None
+        if "lora_alpha" in settings:
+            try:
+                alpha = float(settings["lora_alpha"])
+            except ValueError:
+                raise self.fail(
+                    column, f"lora_alpha: expected a number, got {settings['lora_alpha']!r}"
+                ) from None
+        targets: tuple[str, ...] | None = None
+        if "lora_targets" in settings:
+            targets = tuple(t.strip() for t in settings["lora_targets"].split("+"))
+            for t in targets:
+                if t not in LORA_TARGETS:
+                    raise self.fail(column, f"lora_targets: {t!r} is not one of {', '.join(LORA_TARGETS)}")
+        return RecipeFlags(
+            paged_optimizer="paged_optimizer" in switches,
+            optimizer_in_backward="optimizer_in_backward" in switches,
+            master_weights="no_master_weights" not in switches,
+            torch_compile="torch_compile" in switches,
+            packed="packed" in switches,
+            loss_chunks=positive_int("loss_chunks"),
+            lora_rank=positive_int("lora_rank"),
+            lora_alpha=alpha,
+            lora_targets=targets,
+        )
 
     def opt_int(self, column: str) -> int | None:
         v = self.text(column)
@@ -444,6 +575,10 @@ def _timing(c: _Cells) -> TimingRow:
     for col in ("name", "hardware", "source", "precision", "method"):
         if not c.text(col):
             raise c.fail(col, "must not be empty")
+    method = c.choice("method", ("pretrain", "full", "lora", "qlora"))
+    flags = c.recipe_flags()
+    if flags.has_lora and method not in ("lora", "qlora"):
+        raise c.fail("recipe_flags", f"LoRA settings on a {method!r} row")
     return TimingRow(
         name=c.text("name"),
         dataset=c.dataset,
@@ -468,8 +603,11 @@ def _timing(c: _Cells) -> TimingRow:
         precision=c.choice("precision", ("fp32", "bf16", "fp16", "fp8", "fp4")),
         precision_detail=c.text("precision_detail"),
         recompute=c.choice("recompute", RECOMPUTE_VALUES),
-        method=c.choice("method", ("pretrain", "full", "lora", "qlora")),
+        method=method,
         variant=c.text("variant"),
+        optimizer=c.optional_choice("optimizer", OPTIMIZERS),
+        offload=c.optional_choice("offload", OFFLOADS),
+        recipe_flags=flags,
         scope=scope,
         measured_step_s=c.opt_float("measured_step_s"),
         measured_tokens_per_s=c.opt_float("measured_tokens_per_s"),

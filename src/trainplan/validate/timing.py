@@ -4,7 +4,15 @@ Each published row becomes an ``estimate`` input: its model (preset or explicit 
 accelerator, its recipe and its layout. Configuration a source does not publish is filled by a
 named assumption listed in the row's ``assumptions`` (never silently): micro-batch 1 when the
 table gives none, ZeRO-1 (distributed optimizer) when a Megatron/NeMo row gives none, the
-pipeline schedule 1F1B, recompute "none" when unstated.
+pipeline schedule 1F1B, recompute "none" when unstated, trainplan's default LoRA adapters when a
+LoRA row states none.
+
+The recipe follows the row's optional recipe columns (``datasets.TimingRow``): ``optimizer``
+(empty: AdamW), ``offload`` (empty: none) and ``recipe_flags`` (paged optimizer, optimizer in
+backward, pure 16-bit training without master weights, chunked loss, LoRA rank / alpha /
+targets). ``torch_compile`` and ``packed`` are recorded facts of the run with no recipe field:
+the step-time model has no compile term, and a packed row's ``seq_len`` already is the tokens
+per sequence.
 
 Error = predicted / published − 1 of the dataset's metric; a dataset fails when its MAPE exceeds
 its stated bound (``datasets.REGISTRY``).
@@ -21,7 +29,7 @@ from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models import load_model
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Attention, Recipe
+from trainplan.recipe import Attention, LoRASpec, Recipe
 from trainplan.timing import step_time, throughput
 from trainplan.validate.datasets import REGISTRY, TimingRow, timing_rows
 
@@ -110,6 +118,35 @@ def _model(row: TimingRow) -> ModelSpec:
     )
 
 
+def _lora(row: TimingRow, assumptions: list[str]) -> LoRASpec | None:
+    """The row's LoRA adapters (``recipe_flags``); trainplan's defaults for what it does not state."""
+    if row.method not in ("lora", "qlora"):
+        return None
+    flags, default = row.recipe_flags, LoRASpec()
+    if not flags.has_lora:
+        assumptions.append(
+            f"LoRA rank {default.rank}, alpha {default.alpha:g} on {'+'.join(default.targets)} "
+            "(trainplan default; not published)"
+        )
+        return default
+    missing = [
+        f"{name}={value}"
+        for name, given, value in (
+            ("lora_rank", flags.lora_rank, default.rank),
+            ("lora_alpha", flags.lora_alpha, f"{default.alpha:g}"),
+            ("lora_targets", flags.lora_targets, "+".join(default.targets)),
+        )
+        if given is None
+    ]
+    if missing:
+        assumptions.append(f"{', '.join(missing)} (trainplan default; not published)")
+    return LoRASpec(
+        rank=flags.lora_rank if flags.lora_rank is not None else default.rank,
+        alpha=flags.lora_alpha if flags.lora_alpha is not None else default.alpha,
+        targets=flags.lora_targets if flags.lora_targets is not None else default.targets,
+    )
+
+
 def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple[str, ...]]:
     """The estimate inputs of a published row and the assumptions that fill its gaps."""
     assumptions: list[str] = []
@@ -144,15 +181,23 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
     if row.dataset.startswith("megatron2021") and zero == 0:
         overlap_grad_reduce = False
         assumptions.append("gradient all-reduce after the backward (Megatron-LM 2021 LocalDDP)")
+    flags = row.recipe_flags
     recipe = Recipe(
         method="pretrain" if row.method not in ("full", "lora", "qlora") else row.method,  # type: ignore[arg-type]
         precision=precision,  # type: ignore[arg-type]
+        optimizer=(row.optimizer or "adamw"),  # type: ignore[arg-type]
         seq_len=seq,
         micro_batch=micro,
         global_batch=row.global_batch,
         recompute=recompute,  # type: ignore[arg-type]
         attention=attention,
+        offload=(row.offload or "none"),  # type: ignore[arg-type]
+        lora=_lora(row, assumptions),
         dropout=0.1 if attention == "eager" else 0.0,
+        master_weights=flags.master_weights,
+        loss_chunks=flags.loss_chunks or 1,
+        optimizer_in_backward=flags.optimizer_in_backward,
+        paged_optimizer=flags.paged_optimizer,
     )
     layout = Layout(
         dp=row.dp,
