@@ -394,13 +394,38 @@ def test_recipe_flags_parse_and_name_bad_entries() -> None:
 
 
 def test_recipe_columns_default_where_absent() -> None:
-    """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults."""
+    """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults
+    (the NVIDIA and torchtitan tables state only their runs' communication-overlap switches)."""
     for name, rows in TIMING.items():
         if name == "torchtune_throughput":
             continue
         for r in rows:
             assert isinstance(r, TimingRow)
-            assert r.optimizer is None and r.offload is None and r.recipe_flags == RecipeFlags(), r.name
+            f = r.recipe_flags
+            only_overlap = RecipeFlags(tp_comm_overlap=f.tp_comm_overlap, pp_comm_overlap=f.pp_comm_overlap)
+            assert r.optimizer is None and r.offload is None and f == only_overlap, r.name
+
+
+def test_overlap_flags_follow_the_runs_configs() -> None:
+    """TP overlap only where it can act (tp > 1 with sequence parallelism; Megatron Bridge switches it
+    off for NVFP4), P2P overlap only on interleaved schedules, async TP exactly on the torchtitan
+    rows that say so."""
+    flagged = 0
+    for name in ("nemo2407_h100", "megatron_bridge_llama3", "torchtitan_llama3"):
+        for r in TIMING[name]:
+            assert isinstance(r, TimingRow)
+            f = r.recipe_flags
+            if f.tp_comm_overlap:
+                flagged += 1
+                assert r.tp > 1 and r.sequence_parallel, r.name
+                assert "nvfp4" not in r.name, r.name
+            if f.pp_comm_overlap:
+                assert r.pp > 1 and (r.virtual_stages or 1) > 1, r.name
+            if name == "torchtitan_llama3":
+                assert f.tp_comm_overlap == ("asynctp" in r.name), r.name
+            if name == "megatron_bridge_llama3" and r.tp > 1 and "nvfp4" not in r.name:
+                assert f.tp_comm_overlap, r.name  # the FP8-CS / MXFP8 recipes turn it on
+    assert flagged >= 20
 
 
 # Each torchtune row's recipe, read off its config (pytorch/torchtune recipes/configs at the commit

@@ -10,7 +10,7 @@ LoRA row states none.
 The recipe follows the row's optional recipe columns (``datasets.TimingRow``): ``optimizer``
 (empty: AdamW), ``offload`` (empty: none) and ``recipe_flags`` (paged optimizer, optimizer in
 backward, pure 16-bit training without master weights, chunked loss, LoRA rank / alpha /
-targets). ``torch_compile`` and ``packed`` are recorded facts of the run with no recipe field:
+targets, and the layout's tensor- / pipeline-parallel communication overlap). ``torch_compile`` and ``packed`` are recorded facts of the run with no recipe field:
 the step-time model has no compile term, and a packed row's ``seq_len`` already is the tokens
 per sequence.
 
@@ -210,6 +210,8 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         pp_schedule=schedule,  # type: ignore[arg-type]
         virtual_stages=v,
         overlap_grad_reduce=overlap_grad_reduce,
+        tp_comm_overlap=flags.tp_comm_overlap,
+        pp_comm_overlap=flags.pp_comm_overlap,
     )
     system = System(accelerator=get_accelerator(row.hardware), num_devices=row.num_devices)
     return system, model, recipe, layout, tuple(assumptions)
