@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from trainplan.layout import Layout
@@ -70,9 +72,15 @@ def test_korthikanti_table2_every_mode(name: str, mode: str, micro_batch: int) -
     )
     layout = Layout(tp=t, sequence_parallel=sp)
     terms = layer_activations(model, recipe, layout, 0).terms
-    ours = sum(v for k, v in terms.items() if k != "norm_stats")
+    # Korthikanti counts Megatron-LM's sequence parallelism, which saves the sequence shard of the
+    # q/k/v and MLP inputs and all-gathers it again in backward (Sec. 4.2.2); PyTorch's DTensor
+    # keeps the gathered input, the separate ``sp_gathered_inputs`` term.
+    ours = sum(v for k, v in terms.items() if k not in ("norm_stats", "sp_gathered_inputs"))
     paper = korthikanti_table2_bytes(s=2048, b=micro_batch, h=h, a=a, t=t, mode=mode)
     assert ours == pytest.approx(paper, rel=1e-12)
+    if sp:
+        gathered = 2 * 2 * 2048 * micro_batch * h * (1 - 1 / t)  # q/k/v and MLP inputs, e = 2
+        assert terms["sp_gathered_inputs"] == pytest.approx(gathered, rel=1e-12)
     # Korthikanti omits the FP32 LayerNorm statistics: 2 norms x (mean + rstd) = 16 bytes per token
     assert terms.get("norm_stats", 0.0) <= 16 * 2048 * micro_batch
 
@@ -152,7 +160,9 @@ def test_pipeline_first_stage_holds_pp_microbatches() -> None:
     layout = Layout(tp=t, pp=8, sequence_parallel=True)
     mem = memory_breakdown(model, recipe, layout)
     per_layer = korthikanti_table2_bytes(s=2048, b=1, h=h, a=a, t=t, mode="tp+sp")
-    layer_terms = sum(v for k, v in mem.activation_terms.items() if k not in ("norm_stats", "inputs"))
+    layer_terms = sum(
+        v for k, v in mem.activation_terms.items() if k not in ("norm_stats", "inputs", "sp_gathered_inputs")
+    )
     assert mem.stage == 0
     assert layer_terms == pytest.approx(per_layer * layers, rel=1e-12)
 
@@ -164,3 +174,51 @@ def test_does_not_fit_names_optimizer_states() -> None:
     (reason,) = mem.reasons()
     assert "optimizer states" in reason
     assert "over by" in reason
+
+
+def test_tensor_parallel_embedding_gradient_is_full_size_without_fsdp() -> None:
+    """DTensor's vocabulary-parallel embedding keeps a replicated V × h gradient (traced)."""
+    model = llama7b()
+    v, h = model.vocab_size, model.hidden_size
+    recipe = Recipe(method="full", seq_len=512)
+    one = memory_breakdown(model, recipe, Layout(tp=4), num_microbatches=1)
+    assert one.tp_embedding_grad_bytes == 2 * (v * h - v * h // 4)
+    assert one.gradients_bytes == one.weights_bytes + one.tp_embedding_grad_bytes
+    fsdp = memory_breakdown(model, recipe, Layout(dp=2, tp=4, zero=3), num_microbatches=1)
+    assert fsdp.tp_embedding_grad_bytes == 0.0 and fsdp.fsdp_embedding_grad_bytes == 2 * v * h
+
+
+def test_fsdp_root_post_backward_moment() -> None:
+    """W + O + G − g·P_R/N + c·P_R (gathered) + c·P_R (its gradients) + c·V·h (TP embedding
+    gradient and its Shard(0) copy) + r·P_L (the last block's reduce-scatter input)."""
+    model = llama7b()
+    mem = memory_breakdown(
+        model, Recipe(method="full", seq_len=512), Layout(dp=4, tp=2, zero=3), num_microbatches=1
+    )
+    c, r = 2.0, 4.0
+    v_local = model.vocab_size // 2 * model.hidden_size
+    p_root = 2 * v_local + model.hidden_size
+    p_layer = mem.fsdp_block_bytes / c
+    expected = (
+        mem.weights_bytes
+        + mem.optimizer_bytes
+        + mem.gradients_bytes
+        - 4.0 * p_root / 4
+        + 2 * c * p_root
+        + c * model.vocab_size * model.hidden_size
+        + r * p_layer
+    )
+    assert mem.phase_bytes("backward (root)") == pytest.approx(expected, rel=1e-12)
+
+
+def test_tied_weight_gradients_are_summed_out_of_place() -> None:
+    """At the end of backward a tied embedding/head weight has both gradients and their sum alive."""
+    model = gpt(12, 768, 12)
+    recipe = Recipe(method="full", seq_len=1024)
+    mem = memory_breakdown(model, recipe, Layout(), num_microbatches=1)
+    vh = model.vocab_size * model.hidden_size
+    assert mem.tied_grad_bytes == 2 * vh
+    states = mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
+    assert mem.phase_bytes("backward end") == pytest.approx(states + 2 * 2 * vh, rel=1e-12)
+    accumulating = memory_breakdown(model, replace(recipe, global_batch=4), Layout(), num_microbatches=4)
+    assert accumulating.phase_bytes("backward end") == pytest.approx(states + 3 * 2 * vh, rel=1e-12)

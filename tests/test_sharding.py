@@ -54,3 +54,13 @@ def test_kv_heads_replicate_when_tp_exceeds_them() -> None:
     dev = device_params(model, Layout(tp=16), 0)
     k = next(lin for lin, _ in dev.linears if lin.name == "k")
     assert k.local_weight_params == model.hidden_size * model.head_dim
+
+
+def test_input_embedding_is_its_own_parameter_unless_tied_on_one_stage() -> None:
+    llama, gpt = load_model("llama-3-8b"), load_model("gpt2")
+    v_local = -(-llama.vocab_size // 4) * llama.hidden_size
+    assert device_params(llama, Layout(tp=4), 0).input_embedding_params == v_local
+    assert device_params(llama, Layout(tp=4, pp=2), 1).input_embedding_params == 0
+    # tied: the same tensor as the LM head on one stage; its own copy on stage 0 when pp > 1
+    assert device_params(gpt, Layout(), 0).input_embedding_params == 0
+    assert device_params(gpt, Layout(pp=2), 0).input_embedding_params == gpt.vocab_size * gpt.hidden_size

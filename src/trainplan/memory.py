@@ -8,21 +8,25 @@ for fp32).
 The peak of a training step is the larger of two phases::
 
     peak = model states + comm buffers + max(backward phase, optimizer phase)
-    backward phase  = saved activations (all in-flight micro-batches) + logits/loss buffers
+    backward phase  = max(backward start, backward end)
+    backward start  = saved activations (all in-flight micro-batches) + logits/loss buffers
                       + the largest transient (loss backward or a recomputed layer)
+    backward end    = gradients + the stage input's gradient or a tied weight's gradient sum
     optimizer phase = optimizer-step temporaries (a foreach AdamW keeps one FP32 temporary the
                       size of the local parameter shard)
 
     per device = peak + CUDA context + allocator fragmentation      (named overhead terms)
 
-Under ZeRO-3 (FSDP2) seven moments compete instead, each with its unsharded copies and reduce
+Under ZeRO-3 (FSDP2) eight moments compete instead, each with its unsharded copies and reduce
 buffers (:class:`MemoryBreakdown`, docs/memory.md).
 
 Sources: model states — Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 and 5; activations —
 Korthikanti et al. 2022, Sec. 4 and Table 2, generalised below to GQA, gated MLPs, any MLP
 width, FlashAttention (Dao et al. 2022: saves the output and the log-sum-exp, no s² terms) and
 MoE; pipeline in-flight micro-batches — Korthikanti 2022 Eq. 5 and Narayanan et al. 2021
-Sec. 2.2; QLoRA — Dettmers et al. 2023 Sec. 2-3.
+Sec. 2.2; QLoRA — Dettmers et al. 2023 Sec. 2-3; tensor and sequence parallelism as PyTorch
+DTensor runs them (torch/distributed/tensor, torchtitan's plan), which differs from Megatron-LM
+in two named terms (:func:`tp_embedding_grad_extra_params`, :func:`sp_saves_gathered_input`).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ FSDP_PHASES: Final = (
     "forward (loss)",
     "backward start",
     "backward (blocks)",
+    "backward (root)",
     "backward end",
     "optimizer step",
 )
@@ -89,25 +94,35 @@ class MemoryBreakdown:
     * **backward start** — every saved activation of the in-flight micro-batches, the saved loss
       tensors and the loss-backward transient; gradients only if they already exist (gradient
       accumulation over several micro-batches: from the second one on);
-    * **backward end** — all gradients;
+    * **backward end** — all gradients, and the larger of the gradient of the stage's input
+      (:func:`input_grad_bytes`, alive while the embedding's backward runs) and, for a weight tied between
+      embedding and LM head, its two gradients and their sum (:attr:`tied_grad_bytes`);
     * **optimizer step** — all model states plus the step's temporaries.
 
     Under ZeRO-3 (FSDP2 ``fully_shard`` per block, then the root unit = embedding + final norm +
     LM head, ``reshard_after_forward=False`` for the root and the last block, as in
     ``trace/step.py`` ``apply_fsdp``) the unsharded copies and reduce buffers move from moment to
-    moment, and four more moments compete (see :meth:`phase_terms` and docs/memory.md). With
+    moment, and five more moments compete (see :meth:`phase_terms` and docs/memory.md). With
     c = compute bytes per element, r = reduce-scatter bytes, g = sharded-gradient bytes, N = dp·cp,
     P_R = root unit, P_H = final norm + LM head, P_L = largest block, A_l = one block's
     activations, ℓ = 8·b·s·V/t the loss-backward transient:
 
-    * forward (first block): c·P_R + c·P_R + c·P_L + c·P_L (the root unit and the first block,
-      each unsharded and its all-gather output);
-    * forward (last block): A − A_l + c·P_R + 3·c·P_L;
+    * forward (first block): x + c·P_R + c·P_R + c·P_L + c·P_L (the embedding output x, the
+      root unit and the first block, each unsharded and its all-gather output);
+    * forward (last block): A − A_l + x + c·P_R + 3·c·P_L (x: the last block's input, the
+      previous block's output, alive before the block saves it);
     * forward (loss): A + logits + c·P_R + 2·c·P_L + ¾·ℓ;
     * backward start: A + logits + c·P_R + c·P_L + ℓ (the root and the last block stay unsharded);
-    * backward (blocks): A − A_l + c·P_R + c·P_H (the head's unsharded gradient waits for the
-      root's reduce-scatter) + 2·c·P_L (block in use and the prefetched one) + r·P_L (the
-      reduce-scatter input) + g·P_L/N (its output shard);
+    * backward (blocks): A − A_l + x (the gradient of the block's input, in the compute dtype)
+      + c·P_R + c·P_H (the head's unsharded gradient waits for the root's reduce-scatter) +
+      2·c·P_L (block in use and the prefetched one) + r·P_L (the reduce-scatter input) + g·P_L/N
+      (its output shard);
+    * backward (root): gradients − g·P_R/N + c·P_R (the root still unsharded) + c·P_R (its
+      unsharded gradients) + r·P_L (the last block's reduce-scatter input: FSDP2 keeps
+      ``reduce_scatter_max_input_buffers`` = 1 input in flight until the next group reduces) and,
+      under tensor parallelism, c·V·h (the embedding's replicated V × h gradient beyond its
+      shard, and the Shard(0) copy FSDP2 redistributes it into) — the moment in the root's
+      ``post_backward`` before it reshards;
     * backward end: gradients − g·P_R/N + (c + r)·P_R (the root's unsharded gradient and its
       reduce-scatter input, before its shard exists).
 
@@ -145,6 +160,8 @@ class MemoryBreakdown:
     PyTorch's allocator (not in ``peak_bytes``, as ``max_memory_allocated`` does not see them)
     and evictable to host memory by the driver, so not in ``per_device_bytes`` either."""
     last_layer_activations_bytes: float = 0.0  # A_l: the last block's saved activations, one micro-batch
+    block_input_bytes: float = 0.0  # x: a block's input, one micro-batch (e·b·s·h, /t with SP)
+    input_grad_bytes: float = 0.0  # the stage input's gradient at the end of backward (input_grad_bytes())
     loss_forward_bytes: float = 0.0  # loss-forward transient: ¾ of the loss-backward one (6·b·s·V/t)
     # ZeRO-3 / FSDP2 (all 0 otherwise): see the class docstring.
     fsdp: bool = False
@@ -156,6 +173,17 @@ class MemoryBreakdown:
     fsdp_block_grad_shard_bytes: float = 0.0  # g·P_L/N: its reduced shard (stages of ≥ 2 blocks)
     fsdp_root_grad_bytes: float = 0.0  # (c + r)·P_R: root unsharded gradient + reduce-scatter input
     fsdp_root_grad_shard_bytes: float = 0.0  # g·P_R/N: the root's gradient shard (written last)
+    fsdp_root_unsharded_grad_bytes: float = 0.0  # c·P_R: the root's unsharded gradients (full training)
+    fsdp_embedding_grad_bytes: float = 0.0  # c·V·h: TP embedding gradient, replicated + its Shard(0) copy
+    fsdp_tied_grad_bytes: float = 0.0  # c·V/t·h: as tied_grad_bytes, for the root's post-backward
+    tied_grad_bytes: float = 0.0
+    """Without FSDP, wb·V/t·h: one gradient of a weight tied between embedding and LM head. Its two gradients
+    are summed out of place before the weight's gradient is stored, so at the end of backward
+    two more copies than ``gradients_bytes`` counts are alive (three when a gradient from an
+    earlier micro-batch is being accumulated into)."""
+    tp_embedding_grad_bytes: float = 0.0
+    """Part of ``gradients_bytes`` without FSDP: the vocabulary-parallel embedding's replicated
+    gradient beyond its shard, wb·(V·h − V/t·h) (:func:`tp_embedding_grad_extra_params`)."""
 
     @property
     def gather_buffers_bytes(self) -> float:
@@ -173,7 +201,7 @@ class MemoryBreakdown:
     def phase_terms(self, phase: str) -> list[tuple[str, float]]:
         """Live tensors at one moment of the step (see the class docstring)."""
         live = self.grads_live_at_backward_start
-        if phase == "backward end":
+        if phase in ("backward (root)", "backward end"):
             grads = self.gradients_bytes - (0.0 if live else self.fsdp_root_grad_shard_bytes)
         elif phase == "optimizer step" or live:
             grads = self.gradients_bytes
@@ -194,13 +222,20 @@ class MemoryBreakdown:
         )
         if phase == "forward (first block)":
             terms += [
+                ("first block input", self.block_input_bytes),
                 root,
                 ("FSDP root all-gather output", self.fsdp_root_bytes),
                 block,
                 ("FSDP block all-gather output", self.fsdp_block_bytes),
             ]
         elif phase == "forward (last block)":
-            terms += [earlier, root, block, ("FSDP two more block copies", 2 * self.fsdp_next_block_bytes)]
+            terms += [
+                earlier,
+                ("last block input", self.block_input_bytes),
+                root,
+                block,
+                ("FSDP two more block copies", 2 * self.fsdp_next_block_bytes),
+            ]
         elif phase == "forward (loss)":
             terms += [
                 ("activations", self.activations_bytes),
@@ -221,6 +256,7 @@ class MemoryBreakdown:
         elif phase == "backward (blocks)":
             terms += [
                 earlier,
+                ("gradient of the block input", self.block_input_bytes),
                 root,
                 ("FSDP LM-head gradient (unsharded)", self.fsdp_head_grad_bytes),
                 block,
@@ -228,8 +264,27 @@ class MemoryBreakdown:
                 ("FSDP block reduce-scatter input", self.fsdp_block_reduce_bytes),
                 ("FSDP reduced block-gradient shard", 0.0 if live else self.fsdp_block_grad_shard_bytes),
             ]
+        elif phase == "backward (root)":
+            terms += [
+                ("tied embedding: both gradients before their sum is stored", 2 * self.fsdp_tied_grad_bytes),
+                root,
+                ("FSDP root gradients (unsharded)", self.fsdp_root_unsharded_grad_bytes),
+                ("FSDP embedding gradient (replicated, redistributed)", self.fsdp_embedding_grad_bytes),
+                ("FSDP last block reduce-scatter input", self.fsdp_block_reduce_bytes),
+            ]
         elif phase == "backward end":
-            terms += [("FSDP root gradient + reduce-scatter input", self.fsdp_root_grad_bytes)]
+            # Without FSDP: the embedding's backward runs with the gradient of the first block's
+            # input alive; a tied weight's gradient sum comes after it is freed (the larger
+            # counts). Both are 0 under ZeRO-3, whose end of backward is the root's reduce.
+            tied = (3 if live else 2) * self.tied_grad_bytes
+            x = self.input_grad_bytes
+            terms += [
+                ("FSDP root gradient + reduce-scatter input", self.fsdp_root_grad_bytes),
+                (
+                    "gradient of the first block's input, or a tied weight's two gradients and their sum",
+                    0.5 * (x + tied + abs(x - tied)),
+                ),
+            ]
         else:
             terms += [("optimizer-step temporaries", self.optimizer_temporaries_bytes)]
         return terms
@@ -297,6 +352,8 @@ class MemoryBreakdown:
             "gather_buffers_bytes": self.gather_buffers_bytes,
             "transient_bytes": self.transient_bytes,
             "last_layer_activations_bytes": self.last_layer_activations_bytes,
+            "block_input_bytes": self.block_input_bytes,
+            "input_grad_bytes": self.input_grad_bytes,
             "loss_forward_bytes": self.loss_forward_bytes,
             "fsdp_root_bytes": self.fsdp_root_bytes,
             "fsdp_block_bytes": self.fsdp_block_bytes,
@@ -306,6 +363,11 @@ class MemoryBreakdown:
             "fsdp_block_grad_shard_bytes": self.fsdp_block_grad_shard_bytes,
             "fsdp_root_grad_bytes": self.fsdp_root_grad_bytes,
             "fsdp_root_grad_shard_bytes": self.fsdp_root_grad_shard_bytes,
+            "fsdp_root_unsharded_grad_bytes": self.fsdp_root_unsharded_grad_bytes,
+            "fsdp_embedding_grad_bytes": self.fsdp_embedding_grad_bytes,
+            "tp_embedding_grad_bytes": self.tp_embedding_grad_bytes,
+            "tied_grad_bytes": self.tied_grad_bytes,
+            "fsdp_tied_grad_bytes": self.fsdp_tied_grad_bytes,
             "optimizer_temporaries_bytes": self.optimizer_temporaries_bytes,
             "comm_buffers_bytes": self.comm_buffers_bytes,
             "cuda_context_bytes": self.cuda_context_bytes,
@@ -351,6 +413,23 @@ def frozen_linear_saves_input() -> bool:
     return False
 
 
+def sp_saves_gathered_input() -> bool:
+    """Whether sequence parallelism saves the all-gathered input of a column-parallel linear: yes.
+
+    PyTorch's DTensor tensor parallelism (torchtitan's plan: ``SequenceParallel`` norms, then
+    ``PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())`` before the
+    attention and the MLP, or ``ColwiseParallel(input_layouts=Shard(1))`` before the LM head;
+    torch/distributed/tensor/parallel/style.py) all-gathers the sequence-sharded activations
+    into a replicated DTensor, and the column-parallel matmul saves that full-sequence tensor
+    for its weight gradient: e·b·s·h per gathered input instead of e·b·s·h/t. Megatron-LM saves
+    the local shard and all-gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2),
+    which is what Korthikanti's Table 2 counts; the difference, e·b·s·h·(1 − 1/t) per gathered
+    input, is the ``sp_gathered_inputs`` term of :func:`layer_activations` (q/k/v and MLP
+    inputs) and part of the LM-head input in :func:`logits_bytes`.
+    """
+    return True
+
+
 def layer_activations(
     model: ModelSpec, recipe: Recipe, layout: Layout, layer: int, *, micro_batch: int | None = None
 ) -> LayerActivations:
@@ -390,9 +469,17 @@ def layer_activations(
     terms["attn_norm_input"] = e * tokens * h / sp_div
     if trained & {"q", "k", "v"}:
         terms["qkv_input"] = e * tokens * h / sp_div
-    terms["mlp_norm_input"] = e * tokens * h / sp_div
+    if not model.parallel_attn_mlp:
+        # With parallel attention and MLP (GPT-J, GPT-NeoX) both norms read the block input,
+        # which is stored once (attn_norm_input).
+        terms["mlp_norm_input"] = e * tokens * h / sp_div
     if trained & {"gate", "up"} or model.is_moe_layer(layer):
         terms["mlp_input"] = e * tokens * h / sp_div
+    if layout.sequence_parallel:
+        # The column-parallel linears keep the all-gathered input (see sp_saves_gathered_input).
+        gathered = ("qkv_input" in terms) + ("mlp_input" in terms)
+        if gathered and sp_saves_gathered_input():
+            terms["sp_gathered_inputs"] = gathered * e * tokens * h * (1.0 - 1.0 / t)
     if dropout:
         terms["dropout_masks"] = 2 * 1.0 * tokens * h / sp_div
     if model.post_norms:
@@ -426,13 +513,21 @@ def layer_activations(
         k = moe.top_k
         routed_tokens = tokens * k  # balanced routing: each rank processes b·s·K token-expert pairs
         terms["router_probs"] = 4.0 * tokens * moe.num_experts
-        # top-k indices and the dispatch sort order (int64 each) and the selected FP32 scores
-        terms["routing_indices"] = (8.0 + 8.0 + 4.0) * routed_tokens
+        # int64 top-k indices (saved by ``topk``), the dispatch sort order (saved by the
+        # ``index_select`` that gathers the scores) and the token index of each routed row
+        # (saved by the ``index_select`` that gathers the tokens and by ``index_add``), and the
+        # selected scores cast to the compute dtype (saved by the product with the outputs)
+        terms["routing_indices"] = (8.0 + 8.0 + 8.0 + e) * routed_tokens
         terms["expert_inputs"] = e * routed_tokens * h
         terms.update(
             _mlp_terms(model, routed_tokens, moe.expert_ffn_hidden / t, e, "expert_", down_trained=down)
         )
         terms["expert_outputs"] = e * routed_tokens * h
+        # The score-weighted expert outputs are added back with ``index_add`` (Hugging Face
+        # ``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock``: ``final_hidden_states.index_add_``),
+        # whose derivative ``source: grad.index_select(dim, index).expand_as(source)``
+        # (tools/autograd/derivatives.yaml) saves the whole source tensor.
+        terms["expert_weighted_outputs"] = e * routed_tokens * h
         if moe.num_shared_experts:
             terms.update(
                 _mlp_terms(
@@ -444,6 +539,11 @@ def layer_activations(
                     down_trained=down,
                 )
             )
+            if moe.shared_expert_gate:
+                # Qwen2-MoE ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``: the product
+                # saves the shared expert's output (e·T·h) and the sigmoid output (e·T), which
+                # is also what ``sigmoid`` saves for its own backward.
+                terms["shared_gate"] = moe.num_shared_experts * e * tokens * (h + 1)
     else:
         terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, e, "", down_trained=down))
     return LayerActivations(terms=terms)
@@ -476,6 +576,30 @@ def korthikanti_table2_bytes(*, s: int, b: int, h: int, a: int, t: int, mode: st
     return formulas[mode]
 
 
+def block_input_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> float:
+    """x: a block's input for one micro-batch, e·b·s·h (s/cp per rank, /t with sequence
+    parallelism): the embedding output or the previous block's output, alive while FSDP2
+    gathers the block that will read it (and saved by that block once it runs)."""
+    s = recipe.seq_len // layout.cp
+    sp_div = layout.tp if layout.sequence_parallel else 1
+    return activation_bytes_per_element(recipe) * recipe.micro_batch * s * model.hidden_size / sp_div
+
+
+def input_grad_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, stage: int) -> float:
+    """The gradient of a stage's input (one micro-batch), alive at the end of its backward.
+
+    On stage 0 it is the gradient of the embedding output, which the embedding's backward reads:
+    e·b·s·h in full, also under sequence parallelism, where the vocabulary-parallel embedding
+    (``RowwiseParallel(output_layouts=Shard(1))``) all-gathers the sequence-sharded gradient back
+    to its replicated output layout. On later pipeline stages it is the gradient sent to the
+    previous stage, x (:func:`block_input_bytes`).
+    """
+    if stage > 0:
+        return block_input_bytes(model, recipe, layout)
+    s = recipe.seq_len // layout.cp
+    return activation_bytes_per_element(recipe) * recipe.micro_batch * s * model.hidden_size
+
+
 def inflight_microbatches(layout: Layout, stage: int, num_microbatches: int) -> float:
     """Micro-batches whose activations a pipeline stage holds at its peak.
 
@@ -498,8 +622,10 @@ def inflight_microbatches(layout: Layout, stage: int, num_microbatches: int) -> 
 def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[float, float]:
     """(saved, transient) bytes of the output layer for one micro-batch on the last stage.
 
-    Saved: the final-norm input and LM-head input (e·b·s·h each, /t with sequence parallelism),
-    the final norm's FP32 rstd and the int64 labels (4 + 8 bytes per token), and the FP32
+    Saved: the final-norm input (e·b·s·h, /t with sequence parallelism) and the LM-head input
+    (e·b·s·h; all-gathered under sequence parallelism, :func:`sp_saves_gathered_input`), the final
+    norm's FP32 rstd (and mean for LayerNorm) and the int64 labels (4 or 8, + 8 bytes per
+    token), and the FP32
     log-softmax output that cross-entropy saves (4·b·s·V/t; Megatron-LM's vocab-parallel
     cross-entropy likewise keeps an FP32 softmax, Korthikanti Sec. 4.3: 4·s·b·v/t). The 16-bit
     logits are not saved (the FP32 cast reads them and they are freed). Transient: at the start of
@@ -522,15 +648,21 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     sp_div = t if layout.sequence_parallel else 1
     v_local = model.vocab_size / t
     # The final norm saves its input; the LM head saves its input only when its weight is trained
-    # (a frozen head under LoRA/QLoRA needs only its weight for the input gradient).
-    head_inputs = (1 if recipe.is_peft else 2) * e * tokens * model.hidden_size / sp_div
+    # (a frozen head under LoRA/QLoRA needs only its weight for the input gradient). Under
+    # sequence parallelism the head's input is the all-gathered sequence (sp_saves_gathered_input).
+    h = model.hidden_size
+    head_div = 1 if layout.sequence_parallel and sp_saves_gathered_input() else sp_div
+    head_inputs = e * tokens * h / sp_div + (0.0 if recipe.is_peft else e * tokens * h / head_div)
+    # The final norm's FP32 statistics: rstd, and the mean for LayerNorm (CUDA kernels).
+    stats = (4.0 if model.norm == "rmsnorm" else 8.0) * tokens / sp_div
     if recipe.loss_chunks > 1:
-        saved = head_inputs + e * tokens * v_local + 4.0 * tokens
+        saved = head_inputs + stats + e * tokens * v_local + 4.0 * tokens
         return saved, 4.0 * tokens * v_local / recipe.loss_chunks
     # Eager cross-entropy on the FP32 logits: log_softmax saves its FP32 output; the 16-bit logits
     # and their FP32 copy are forward transients. The backward starts with two FP32 b·s·V/t
     # tensors alive at once (nll_loss's gradient, then log_softmax's), as traced.
-    saved = head_inputs + 4.0 * tokens + 4.0 * tokens * v_local + 8.0 * tokens  # + rstd, + int64 labels
+    # + int64 labels, + nll_loss's FP32 ``total_weight`` scalar
+    saved = head_inputs + stats + 4.0 * tokens * v_local + 8.0 * tokens + 4.0
     transient = 8.0 * tokens * v_local
     return saved, transient
 
@@ -590,6 +722,11 @@ class _States:
     fsdp_block_grad_shard: float = 0.0
     fsdp_root_grad: float = 0.0
     fsdp_root_grad_shard: float = 0.0
+    fsdp_root_unsharded_grad: float = 0.0
+    fsdp_embedding_grad: float = 0.0
+    tied_grad: float = 0.0  # wb·V/t·h: one gradient of a tied embedding / LM-head weight (no FSDP)
+    fsdp_tied_grad: float = 0.0  # the same under ZeRO-3 (the root's unsharded gradient, c = wb)
+    tp_embedding_grad: float = 0.0  # part of ``gradients``: the replicated embedding gradient's excess
 
 
 def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceParams) -> _States:
@@ -616,11 +753,16 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             lora = recipe.lora
             n_lin = dev.dense_linear + dev.expert_linear
             base = 0.5 * n_lin + wb * dev.dense_other
-            per_block = 1.0 / lora.quant_block
-            if lora.double_quant:
-                quant = n_lin * per_block * (1.0 + 4.0 / lora.double_quant_block)
-            else:
-                quant = n_lin * per_block * 4.0
+            # Per quantized weight tensor (bitsandbytes ``QuantState``): one absmax per quant_block
+            # weights, FP32; with double quantization uint8, plus one FP32 scale per
+            # double_quant_block absmax values and one FP32 offset.
+            for lin, n_layers in dev.linears:
+                blocks = -(-(lin.local_weight_params // lin.count) // lora.quant_block)
+                if lora.double_quant:
+                    per_tensor = blocks + 4 * -(-blocks // lora.double_quant_block) + 4
+                else:
+                    per_tensor = 4 * blocks
+                quant += float(per_tensor * lin.count * n_layers)
         else:
             base = wb * dev.total
         frozen = base / g_dense if z >= 3 else base
@@ -672,6 +814,16 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         optimizer_temp = 8.0 * n_opt
     else:
         optimizer_temp = state_b * n_opt
+    tp_embedding_grad = 0.0
+    emb_extra = tp_embedding_grad_extra_params(model, layout, dev)
+    if emb_extra and not recipe.is_peft and z <= 1 and not recipe.optimizer_in_backward:
+        # Without FSDP the vocabulary-parallel embedding keeps its gradient at full vocabulary
+        # size (see tp_embedding_grad_extra_params); a separate FP32 master casts that gradient
+        # in full before the step (4 bytes per element, sharded like the step under ZeRO-1).
+        tp_embedding_grad = wb * emb_extra
+        grads += tp_embedding_grad
+        if master > 0.0 and recipe.optimizer not in ("sgd", "adamw-8bit"):
+            optimizer_temp += 4.0 * emb_extra / (g_dense if z >= 1 else 1)
     paged = 0.0
     if recipe.paged_optimizer:
         # bitsandbytes allocates paged states with cudaMallocManaged (unified memory) and updates
@@ -699,8 +851,17 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             host += weights
             weights = 0.0
 
+    # A weight shared by the embedding and the LM head (tied, one stage) receives two gradients:
+    # autograd's engine sums them in the InputBuffer of the weight's AccumulateGrad node before
+    # the grad is stored (torch/csrc/autograd/input_buffer.cpp ``InputBuffer::accumulate``). The
+    # head's gradient arrives first as a transposed view, which cannot be accumulated into in
+    # place, so the sum is a new tensor: both gradients and their sum are alive at once (traced).
+    tied_grad = 0.0
+    if model.tied_embeddings and layout.pp == 1 and not recipe.is_peft and not recipe.optimizer_in_backward:
+        tied_grad = wb * float(-(-model.vocab_size // layout.tp) * model.hidden_size)
     fsdp: dict[str, float] = {}
     if z == 3:
+        fsdp["fsdp_tied_grad"], tied_grad = tied_grad, 0.0
         # FSDP2 (trace/step.py ``apply_fsdp``: ``fully_shard`` per block, then the root unit with
         # the embedding, final norm and LM head). c: the all-gathered (compute) dtype; r: the
         # reduce-scatter dtype (``MixedPrecisionPolicy.reduce_dtype``: FP32 with an FP32 master,
@@ -720,6 +881,8 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             n_lin = dev.dense_linear + dev.expert_linear
             quant_per_param = quant * g_dense / n_lin if n_lin else 0.0
             block = (0.5 + quant_per_param) * layer
+        # LoRA adapters are parameters of the block too, all-gathered in the compute dtype.
+        block += c * dev.largest_layer_adapters
         several = len(dev.layers) >= 2
         fsdp = {
             "fsdp_root": c * dev.root_params,
@@ -727,7 +890,15 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             "fsdp_next_block": block if several else 0.0,
         }
         if not recipe.is_peft:
+            # The root's post-backward (below): its unsharded gradients beside its unsharded
+            # weights; under tensor parallelism the embedding's gradient is a replicated V × h
+            # tensor that FSDP2 redistributes to the weight's Shard(0) placement
+            # (``FSDPParam._get_grad_inner_tensor``: ``grad.redistribute(...)``, a V/t × h copy)
+            # before the reduce-scatter: c·(V·h − V/t·h) + c·V/t·h = c·V·h beyond the shard.
+            full_embedding = float(emb_extra + dev.input_embedding_params) if emb_extra else 0.0
             fsdp |= {
+                "fsdp_root_unsharded_grad": c * dev.root_params,
+                "fsdp_embedding_grad": c * full_embedding,
                 "fsdp_head_grad": c * dev.head_params,
                 "fsdp_block_reduce": r * layer,
                 "fsdp_block_grad_shard": g * layer / g_dense if several else 0.0,
@@ -745,8 +916,30 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         trainable=trainable,
         paged=paged,
         step_in_backward=step_in_backward,
+        tp_embedding_grad=tp_embedding_grad,
+        tied_grad=tied_grad,
         **fsdp,
     )
+
+
+def tp_embedding_grad_extra_params(model: ModelSpec, layout: Layout, dev: DeviceParams) -> int:
+    """Elements by which the vocabulary-parallel embedding's gradient exceeds its shard (V·h − V/t·h).
+
+    Tensor parallelism as DTensor (``torch.distributed.tensor.parallel``, torchtitan's plan: the
+    embedding ``RowwiseParallel``, its weight ``Shard(0)``): the embedding backward has no
+    row-wise strategy (``embedding_dense_backward_strategy`` in
+    torch/distributed/tensor/_ops/_embedding_ops.py offers Shard(1), batch-sharded Partial and
+    Partial-from-Partial only), so the replicated gradient of the embedding output gives a
+    *replicated* V × h weight gradient, which autograd stores as ``.grad`` without converting it
+    to the weight's placement. Non-zero on the device that holds the embedding as a parameter of
+    its own (``DeviceParams.input_embedding_params``) when t > 1; a weight tied to the
+    column-parallel head is counted with the head's sharded gradient (not traced: torchtitan
+    forbids tied embeddings with tensor parallelism). Megatron-LM's ``VocabParallelEmbedding``
+    looks up its local rows and so has a sharded gradient (Shoeybi et al. 2019, Sec. 3).
+    """
+    if layout.tp == 1 or not dev.input_embedding_params:
+        return 0
+    return model.vocab_size * model.hidden_size - dev.input_embedding_params
 
 
 def _largest_trained_param(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceParams) -> int:
@@ -792,11 +985,23 @@ def _stage_breakdown(
     if stage == 0:
         # int64 token ids of every in-flight micro-batch, and the RoPE cos/sin tables (s × d each,
         # shared by all layers and micro-batches). The embedding output is layer 0's norm input.
+        # The int64 token ids are saved by the embedding for its weight gradient (not when it is
+        # frozen: LoRA/QLoRA), and learned positions save their int64 position ids (s, shared by
+        # the micro-batch).
         s_local = recipe.seq_len // layout.cp
-        inputs = inflight * 8.0 * recipe.micro_batch * s_local
+        inputs = 0.0 if recipe.is_peft else inflight * 8.0 * recipe.micro_batch * s_local
         if model.position == "rope":
             inputs += 2 * activation_bytes_per_element(recipe) * s_local * model.head_dim
+        elif model.position == "learned" and not recipe.is_peft:
+            inputs += inflight * 8.0 * s_local
         act_terms["inputs"] = inputs
+        if recipe.is_peft and recipe.recompute != "full" and dev.layers:
+            # Frozen embedding and frozen first norm: nothing upstream of layer 0's attention norm
+            # needs a gradient, so that norm (autograd records no node) saves neither its input
+            # (the embedding output) nor its statistics (traced).
+            first = layer_activations(model, recipe, layout, dev.layers[0]).terms
+            stats = first["norm_stats"] / (2 * (2 if model.post_norms else 1))
+            act_terms["frozen_first_norm"] = -inflight * (first["attn_norm_input"] + stats)
     last_layer = layer_activations(model, recipe, layout, dev.layers[-1]).total_bytes if dev.layers else 0.0
     logits_saved, logits_transient = (0.0, 0.0)
     if stage == layout.pp - 1:
@@ -824,6 +1029,8 @@ def _stage_breakdown(
         activation_terms=act_terms,
         paged_optimizer_bytes=st.paged,
         last_layer_activations_bytes=last_layer,
+        block_input_bytes=block_input_bytes(model, recipe, layout) if dev.layers else 0.0,
+        input_grad_bytes=0.0 if layout.zero == 3 else input_grad_bytes(model, recipe, layout, stage),
         # Forward of the unchunked loss: 6·b·s·V/t of FP32 logits / log-softmax buffers are alive
         # (traced), ¾ of the loss-backward transient; the same fraction is assumed for chunked losses.
         loss_forward_bytes=0.75 * logits_transient,
@@ -836,6 +1043,11 @@ def _stage_breakdown(
         fsdp_block_grad_shard_bytes=st.fsdp_block_grad_shard,
         fsdp_root_grad_bytes=st.fsdp_root_grad,
         fsdp_root_grad_shard_bytes=st.fsdp_root_grad_shard,
+        fsdp_root_unsharded_grad_bytes=st.fsdp_root_unsharded_grad,
+        fsdp_embedding_grad_bytes=st.fsdp_embedding_grad,
+        tp_embedding_grad_bytes=st.tp_embedding_grad,
+        tied_grad_bytes=st.tied_grad,
+        fsdp_tied_grad_bytes=st.fsdp_tied_grad,
     )
 
 

@@ -74,12 +74,16 @@ class DeviceParams:
     expert_linear: int
     lora_adapters: int  # adapter parameters on this device (0 unless LoRA)
     largest_layer_unsharded: int  # biggest transformer layer on this device, before ZeRO-3 sharding
+    largest_layer_adapters: int = 0  # LoRA adapters of that layer (not in largest_layer_unsharded)
     root_params: int = (
         0  # FSDP root unit: embedding (+ learned positions) on stage 0, final norm + LM head last
     )
     head_params: int = (
         0  # final norm + LM head (last stage; one V/t·h shared with the embedding when tied, pp = 1)
     )
+    input_embedding_params: int = 0
+    """The vocabulary-parallel input embedding (V/t·h) when it is a parameter of its own on this
+    device (stage 0, untied or pp > 1); 0 elsewhere and when the LM head is the same tensor."""
     linears: tuple[tuple[Linear, int], ...]  # (linear, how many of the device's layers have it)
 
     @property
@@ -197,13 +201,14 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
     layers = stage_layers(model, pp, stage)
     kinds = layer_kinds(model, layers)
     dense_linear = expert_linear = other = adapters = 0
-    largest = 0
+    largest = largest_adapters = 0
     linears: list[tuple[Linear, int]] = []
     for i, n_layers in kinds:
         lins = layer_linears(model, i, tp, ep)
         linears += [(lin, n_layers) for lin in lins]
         lay_other = layer_other_params(model, i, tp)
         lay_total = lay_other
+        lay_adapters = 0
         for lin in lins:
             n = lin.local_weight_params
             if lin.name.startswith("expert."):
@@ -212,12 +217,16 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
                 dense_linear += n * n_layers
             lay_total += n
             if lora is not None and lin.name.split(".")[-1] in lora.targets:
-                adapters += lin.lora_params(lora.rank) * n_layers
+                lay_adapters += lin.lora_params(lora.rank)
+        adapters += lay_adapters * n_layers
         other += lay_other * n_layers
-        largest = max(largest, lay_total)
-    root = head = 0
+        if (lay_total, lay_adapters) > (largest, largest_adapters):
+            largest, largest_adapters = lay_total, lay_adapters
+    root = head = embedding = 0
     if stage == 0:
         root += -(-v // tp) * h
+        if not model.tied_embeddings or pp > 1:
+            embedding = -(-v // tp) * h
         if model.position == "learned":
             root += model.max_seq_len * h
     if stage == pp - 1:
@@ -234,7 +243,9 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
         expert_linear=expert_linear,
         lora_adapters=adapters,
         largest_layer_unsharded=largest,
+        largest_layer_adapters=largest_adapters,
         root_params=root,
         head_params=head,
+        input_embedding_params=embedding,
         linears=tuple(linears),
     )

@@ -5,7 +5,8 @@ Hugging Face ``transformers`` (``LlamaForCausalLM``, ``GPT2LMHeadModel``, ``Mixt
 so that the tensors autograd keeps alive are the ones those frameworks keep:
 
 * norms: ``torch.rms_norm`` / ``torch.layer_norm`` (the fused aten kernels ``nn.RMSNorm`` and
-  ``nn.LayerNorm`` call), optional per-head q/k RMSNorm and Gemma-2 post-norms;
+  ``nn.LayerNorm`` call), keeping the FP32 statistics the CUDA kernels save, optional per-head q/k
+  RMSNorm and Gemma-2 post-norms;
 * attention: separate q/k/v/o projections, rotary embeddings in the rotate-half form of
   ``transformers`` (cos/sin computed once per forward, in the compute dtype), grouped-query
   attention through ``scaled_dot_product_attention(is_causal=True, enable_gqa=True)`` (the flash
@@ -63,6 +64,40 @@ class _FusedRMSNorm(torch.autograd.Function):
         return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
 
 
+class _LayerNormFP32Stats(torch.autograd.Function):
+    """``layer_norm`` with the saved set of the CUDA kernel: input, FP32 mean and FP32 rstd.
+
+    ``aten::native_layer_norm`` on CUDA computes mean and rstd in the accumulation type (FP32 for
+    16-bit inputs; ``aten/src/ATen/native/cuda/layer_norm_kernel.cu``) and autograd saves them
+    with the input, weight and bias (``tools/autograd/derivatives.yaml``). The CPU kernel returns
+    them in the input dtype, so for 16-bit inputs under fake-CPU tracing the statistics are kept
+    as FP32 copies here; the CPU kernel still runs both passes.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+    ) -> torch.Tensor:
+        shape = [x.shape[-1]]
+        out, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, weight, bias, eps)
+        mean, rstd = mean.float(), rstd.float()
+        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, mean, rstd, weight, bias = ctx.saved_tensors
+        mask = [
+            ctx.needs_input_grad[0],
+            ctx.needs_input_grad[1],
+            bias is not None and ctx.needs_input_grad[2],
+        ]
+        gx, gw, gb = torch.ops.aten.native_layer_norm_backward(
+            grad, x, [x.shape[-1]], mean.to(x.dtype), rstd.to(x.dtype), weight, bias, mask
+        )
+        return gx, gw, gb, None
+
+
 class Norm(nn.Module):
     """RMSNorm (Zhang & Sennrich 2019) or LayerNorm (Ba et al. 2016), both with a weight."""
 
@@ -76,6 +111,8 @@ class Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "rmsnorm":
             return _FusedRMSNorm.apply(x, self.weight, self.eps)
+        if x.device.type == "cpu" and x.dtype != torch.float32:
+            return _LayerNormFP32Stats.apply(x, self.weight, self.bias, self.eps)
         return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
 
 

@@ -118,6 +118,10 @@ class MasterWeightAdamW:
     def state_tensors(self) -> list[torch.Tensor]:
         return [*self.masters, *state_tensors(self.inner)]
 
+    @property
+    def host_state_tensors(self) -> list[torch.Tensor]:
+        return host_state_tensors(self.inner)
+
     def step(self) -> None:
         for m, p in zip(self.masters, self.params, strict=True):
             m.grad = None if p.grad is None else p.grad.float()
@@ -151,7 +155,21 @@ def init_adam_state(opt: torch.optim.Optimizer) -> None:
 
 
 def state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    """The optimizer state that lives on the device: moments (and masters), not ``step``."""
+    return [
+        v for st in opt.state.values() for k, v in st.items() if isinstance(v, torch.Tensor) and k != "step"
+    ]
+
+
+def host_state_tensors(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """AdamW's ``step`` counters: host tensors on a GPU run.
+
+    ``torch.optim.Adam._init_group`` (torch/optim/adam.py) creates ``state["step"]`` with
+    ``device="cpu"`` unless ``capturable`` or ``fused`` is set (neither is for the foreach
+    default), so they take no device memory; the tracer, whose tensors are all fake CPU tensors,
+    is told to ignore them.
+    """
+    return [st["step"] for st in opt.state.values() if isinstance(st.get("step"), torch.Tensor)]
 
 
 # -- fake process group ------------------------------------------------------------------------
@@ -304,6 +322,45 @@ def fsdp_gather_tensors(model: nn.Module) -> list[torch.Tensor]:
     return out
 
 
+def fsdp_uneven_shard_bytes(model: nn.Module, opt: Any) -> int:
+    """Model-state bytes rank 0 holds beyond an even split, from FSDP2's dim-0 chunks.
+
+    ``fully_shard`` splits each parameter along dim 0 into N chunks of ceil(d0/N) rows
+    (``torch.chunk``; ``FSDPParam._init_sharded_param`` pads every rank's shard to that size), so
+    when d0 is not a multiple of N rank 0 holds ``ceil(d0/N)·rest`` elements instead of
+    ``numel/N`` — for the parameter, its gradient shard and each optimizer moment. The analytic
+    model divides evenly; this is the difference, per traced rank 0.
+    """
+    from torch.distributed.tensor import DTensor
+
+    states = opt.inner.state if isinstance(opt, MasterWeightAdamW) else opt.state
+    extra_bytes = 0.0
+    for m in model.modules():
+        get_state = getattr(m, "_get_fsdp_state", None)
+        if get_state is None:
+            continue
+        group = get_state()._fsdp_param_group
+        if group is None:
+            continue
+        for fp in group.fsdp_params:
+            p = fp.sharded_param
+            if not isinstance(p, DTensor):
+                continue
+            shards = 1
+            for i, pl in enumerate(p.placements):
+                if pl.is_shard():
+                    shards *= p.device_mesh.size(i)
+            extra = p._local_tensor.numel() - p.numel() / shards
+            if extra <= 0:
+                continue
+            tensors = [p, *([p.grad] if p.grad is not None else [])]
+            tensors += [
+                v for k, v in states.get(p, {}).items() if k != "step" and isinstance(v, torch.Tensor)
+            ]
+            extra_bytes += sum(extra * t.element_size() for t in tensors)
+    return round(extra_bytes)
+
+
 # -- the traced step ---------------------------------------------------------------------------
 def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
     if layout.pp > 1:
@@ -360,6 +417,14 @@ def trace_step(model: ModelSpec, recipe: Recipe, layout: Layout, *, depth: int |
     if recipe.is_peft:
         assert recipe.lora is not None
         apply_lora(net, recipe.lora, quantize=recipe.method == "qlora", dtype=module_dtype)
+        if fsdp and recipe.keeps_master_weights:
+            # As for full training under FSDP2: the trained (adapter) parameters are stored in
+            # FP32 and are the master; MixedPrecisionPolicy(param_dtype) all-gathers them in the
+            # compute dtype with the frozen 16-bit base, and their gradient shards and AdamW
+            # moments are FP32 (4 + 4 + 8 bytes per adapter parameter).
+            for p in net.parameters():
+                if p.requires_grad:
+                    p.data = p.data.float()
 
     world = layout.dp * layout.tp
     mesh = None
@@ -395,10 +460,12 @@ def trace_step(model: ModelSpec, recipe: Recipe, layout: Layout, *, depth: int |
         if use_master:
             opt = MasterWeightAdamW(trainable, lr=1e-4)
             opt_state = opt.state_tensors
+            host_state = opt.host_state_tensors
         else:
             opt = torch.optim.AdamW(split_dtensor_groups(trainable), lr=1e-4, foreach=True)
             init_adam_state(opt)
             opt_state = state_tensors(opt)
+            host_state = host_state_tensors(opt)
         b, s = recipe.micro_batch, recipe.seq_len
         tokens = torch.zeros((b, s), dtype=torch.int64)
         labels = torch.zeros((b, s), dtype=torch.int64)
@@ -407,6 +474,7 @@ def trace_step(model: ModelSpec, recipe: Recipe, layout: Layout, *, depth: int |
         layer_saved: list[int] = []
         hooks = _region_hooks(net, tracker, layer_saved)
         counter = flop_counter()
+        tracker.ignore(host_state)
         with tracker, counter:
             for t in [*net.parameters(), *net.buffers(), *opt_state, tokens, labels]:
                 tracker.track(t)
@@ -446,6 +514,14 @@ def trace_step(model: ModelSpec, recipe: Recipe, layout: Layout, *, depth: int |
             "gradients": _unique_bytes(grads),
             "optimizer": _unique_bytes(opt_state),
         }
+        if fsdp:
+            uneven = fsdp_uneven_shard_bytes(net, opt)
+            state_bytes["fsdp_uneven_shards"] = uneven
+            if uneven:
+                notes.append(
+                    f"FSDP2 uneven dim-0 shards: rank 0 holds {uneven} bytes of model states beyond "
+                    "numel/N (not modelled)"
+                )
         total_params = num_params(_plain(net))
     return StepTrace(
         peak_bytes=tracker.peak_bytes,

@@ -12,7 +12,7 @@ Each storage carries a category, decided once the step is over:
 ``parameters``       storages of module parameters (sharded DTensor locals under FSDP2/TP)
 ``quant_constants``  QLoRA NF4 absmax / double-quantization constants (module buffers)
 ``gradients``        storages that end up as ``param.grad``
-``optimizer``        optimizer state tensors (moments, FP32 master weights, step counters)
+``optimizer``        optimizer state tensors (moments, FP32 master weights; the ``step`` counters are host tensors)
 ``gather_buffers``   FSDP2 all-gather outputs / unsharded parameters (transient per block)
 ``activations``      storages saved for backward by autograd (``saved_tensors_hooks``) in the blocks
 ``logits``           storages saved by the output layer: final norm, head, fp32 logits, loss
@@ -107,15 +107,26 @@ class LiveStorageTracker(TorchDispatchMode):
         self.saved_region: dict[int, str] = {}
         self.region = "layers"
         self._orig_resize: Callable[..., Any] | None = None
+        self._ignored: set[int] = set()  # id() of host storages (kept alive by their owner)
+        self._ignored_refs: list[torch.UntypedStorage] = []
 
     # -- storage bookkeeping ----------------------------------------------------------------
     def key(self, st: torch.UntypedStorage) -> int | None:
         return self._by_storage.get(id(st))
 
+    def ignore(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Never count these tensors' storages: they live in host memory on a GPU run."""
+        for t in tensors:
+            for st in _storages(t):
+                self._ignored.add(id(st))
+                self._ignored_refs.append(st)  # keeps the id from being reused
+
     def track(self, t: torch.Tensor) -> list[int]:
         keys = []
         for st in _storages(t):
             sid = id(st)
+            if sid in self._ignored:
+                continue
             k = self._by_storage.get(sid)
             if k is None:
                 k = next(self._ids)
@@ -298,11 +309,34 @@ def register_causal_attention_flops() -> None:
     _REGISTERED = True
 
 
+class _GlobalScope:
+    """Stands in for ``FlopCounterMode.mod_tracker``: every FLOP is counted under "Global" only.
+
+    ``torch.utils.module_tracker.ModuleTracker`` (what ``FlopCounterMode`` uses for its
+    per-module table) registers ``register_multi_grad_hook`` callbacks on module inputs and
+    outputs that keep the autograd graph reachable after ``backward()``; under activation
+    checkpointing that graph holds the checkpoint frames, their saved block inputs and every
+    recomputed tensor that backward did not unpack, so they would stay alive through the
+    optimizer step — memory a training step without the counter frees after backward.
+    """
+
+    parents: frozenset[str] = frozenset({"Global"})
+
+    def __enter__(self) -> _GlobalScope:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
 def flop_counter() -> Any:
+    """``FlopCounterMode`` counting whole-step FLOPs, without per-module tracking (see _GlobalScope)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     register_causal_attention_flops()
-    return FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False)
+    counter.mod_tracker = _GlobalScope()
+    return counter
 
 
 def flops_by_op(counter: Any) -> dict[str, int]:

@@ -4,7 +4,7 @@ Term mapping (analytic field ← traced category, see :mod:`trainplan.trace.trac
 
     weights_bytes               ← parameters (incl. QLoRA packed NF4 storage), end of step
     gradients_bytes             ← gradients (all ``param.grad``), end of step
-    optimizer_bytes             ← optimizer (moments, FP32 masters, step counters)
+    optimizer_bytes             ← optimizer (moments, FP32 masters)
     quant_constants_bytes       ← quant_constants
     model states (sum)          ← parameters + gradients + optimizer + quant_constants
     activations_bytes           ← activations saved by the blocks, at the end of forward
@@ -117,6 +117,9 @@ class VerifyResult:
     analytic_peak_phase: str
     trace_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    fsdp_uneven_shard_bytes: float = 0.0
+    """Traced model-state bytes from FSDP2's uneven dim-0 chunks (``step.fsdp_uneven_shard_bytes``),
+    which the analytic model does not count: part of the traced ``model_states``."""
 
     def row(self, name: str) -> TermRow:
         for r in (*self.memory, *self.flops):
@@ -141,6 +144,7 @@ class VerifyResult:
             "analytic_peak_phase": self.analytic_peak_phase,
             "trace_s": self.trace_s,
             "notes": list(self.notes),
+            "fsdp_uneven_shard_bytes": self.fsdp_uneven_shard_bytes,
         }
 
     def render(self) -> str:
@@ -220,6 +224,7 @@ def run_verify(
         analytic_peak_phase=mem.peak_phase,
         trace_s=tr.trace_s,
         notes=tuple(tr.notes),
+        fsdp_uneven_shard_bytes=float(tr.state_bytes.get("fsdp_uneven_shards", 0)),
     )
 
 
