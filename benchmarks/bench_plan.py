@@ -1,7 +1,8 @@
 """Planner speed: bulk candidates per second vs the scalar ``estimate``, and a whole-catalog plan.
 
-Run: ``python benchmarks/bench_plan.py``. Targets (docs/plan.md): >= 1e5 candidates evaluated per
-second on one core, a full plan over the whole catalog in <= 2 s. Prints medians:
+Run: ``python benchmarks/bench_plan.py [--case NAME] [--repeat N] [--plan-only]``. Targets
+(docs/plan.md): >= 1e5 candidates evaluated per second on one core, a full plan over the whole
+catalog in <= 2 s. Prints medians:
 
 * ``scalar``: one ``estimate()`` call (per candidate);
 * ``bulk (warm)``: ``BulkEvaluator.evaluate`` over every candidate of a search, per-core tables
@@ -12,10 +13,12 @@ second on one core, a full plan over the whole catalog in <= 2 s. Prints medians
   still be the fastest at their (accelerator, device count) (docs/plan.md, pruning).
 
 The bulk columns evaluate every candidate (no step-time pruning), as the equality tests do.
+``--plan-only`` prints the median, fastest and slowest of ``--repeat`` ``plan()`` runs only.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -47,27 +50,52 @@ CASES = {
 }
 
 
-def median_s(fn: Callable[[], object], repeat: int) -> float:
+def run_times(fn: Callable[[], object], repeat: int) -> list[float]:
+    """Wall-clock seconds of ``repeat`` calls of ``fn``."""
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--case", action="append", choices=sorted(CASES), help="run only this case (repeatable); default all"
+    )
+    parser.add_argument("--repeat", type=int, default=5, help="plan() runs per case (median); default 5")
+    parser.add_argument(
+        "--plan-only", action="store_true", help="time plan() only (skip the scalar and bulk columns)"
+    )
+    args = parser.parse_args(argv)
     accs = sorted(list_accelerators(), key=lambda a: a.name)
     space = SearchSpace()
-    print(
-        f"{'case':24s} {'candidates':>10s} {'scalar':>9s} {'bulk warm':>11s} {'cand/s':>10s} "
-        f"{'vs scalar':>9s} {'bulk cold':>10s} {'plan':>8s}"
-    )
-    for name, (model_name, recipe) in CASES.items():
+    if args.plan_only:
+        print(f"{'case':24s} {'candidates':>10s} {'plan':>8s} {'min':>8s} {'max':>8s}")
+    else:
+        print(
+            f"{'case':24s} {'candidates':>10s} {'scalar':>9s} {'bulk warm':>11s} {'cand/s':>10s} "
+            f"{'vs scalar':>9s} {'bulk cold':>10s} {'plan':>8s}"
+        )
+    for name in args.case or list(CASES):
+        model_name, recipe = CASES[name]
         model = load_model(model_name)
         base = Recipe(**{**recipe.__dict__, "global_batch": default_global_batch(recipe)})
         cores, _ = enumerate_cores(model, base, space, max(a.scale_up.domain_size for a in accs))
         cand = enumerate_candidates(cores, accs, space, {}, {}, base.global_batch)
+
+        def plan_run(model: ModelSpec = model, recipe: Recipe = recipe) -> PlanResult:
+            return plan(model, recipe, accs, space=space)
+
+        if args.plan_only:
+            times = run_times(plan_run, args.repeat)
+            print(
+                f"{name:24s} {len(cand):>10,d} {statistics.median(times):6.2f} s {min(times):6.2f} s "
+                f"{max(times):6.2f} s"
+            )
+            continue
         prices = [_price(a, None, {}) for a in accs]
 
         def cold_run(
@@ -85,24 +113,21 @@ def main() -> None:
         def warm_run(ev: BulkEvaluator = ev, cand: Candidates = cand) -> BulkResult:
             return ev.evaluate(cand)
 
-        warm = median_s(warm_run, 5)
-        cold = median_s(cold_run, 1)
-        i = int(res.feasible.nonzero()[0][0])
-        core = cores[int(cand.core[i])]
-        system = System(accelerator=accs[int(cand.acc[i])], num_devices=int(cand.devices[i]))
-        rec, lay = core.recipe(base), core.layout(int(cand.dp[i]), int(cand.zero[i]))
+        warm = statistics.median(run_times(warm_run, 5))
+        cold = statistics.median(run_times(cold_run, 1))
+        i = int(res.timed[0])
+        acc, devices, dp, zero, c = cand.at(i)
+        core = cores[c]
+        system = System(accelerator=accs[acc], num_devices=devices)
+        rec, lay = core.recipe(base), core.layout(dp, zero)
 
         def scalar_run(
             system: System = system, model: ModelSpec = model, rec: Recipe = rec, lay: Layout = lay
         ) -> Estimate:
             return estimate(system, model, rec, lay)
 
-        scalar = median_s(scalar_run, 200)
-
-        def plan_run(model: ModelSpec = model, recipe: Recipe = recipe) -> PlanResult:
-            return plan(model, recipe, accs, space=space)
-
-        full = median_s(plan_run, 3)
+        scalar = statistics.median(run_times(scalar_run, 200))
+        full = statistics.median(run_times(plan_run, args.repeat))
         per_s = len(cand) / warm
         print(
             f"{name:24s} {len(cand):>10,d} {scalar * 1e3:7.3f}ms {warm:9.3f} s {per_s:>10,.0f} "

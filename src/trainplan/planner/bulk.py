@@ -10,31 +10,51 @@ How the work is split
 A candidate is ``(accelerator, devices, core, zero)`` where the *core* is every layout and recipe
 choice that does not depend on the device count: ``tp, pp, cp, ep, sequence_parallel,
 micro_batch, recompute, offload, precision, pipeline schedule, virtual stages``; ``dp =
-devices / (tp·pp·cp)``. Quantities that depend only on the core are computed once per core by
-calling the scalar functions themselves (no second copy of their formulas):
+devices / (tp·pp·cp)``. Quantities that depend only on the core are computed by calling the
+scalar functions themselves (no second copy of their formulas), once per distinct value of the
+inputs each function reads — many cores differ only in fields a function ignores:
 
 * model states per pipeline stage: ``memory._model_states`` (ZeRO, Rajbhandari et al. 2020,
-  Sec. 5). Every term it returns is an affine function of ``1/dp``: ZeRO divides by the shard
-  group ``dp·cp`` (routed experts by ``dp·cp/ep``, which ``ep`` divides), nothing else depends on
-  ``dp``. It is therefore evaluated at two data-parallel degrees and interpolated exactly;
+  Sec. 5), per (tp, pp, cp, ep, precision, offload). Every term it returns is an affine function
+  of ``1/dp``: ZeRO divides by the shard group ``dp·cp`` (routed experts by ``dp·cp/ep``, which
+  ``ep`` divides), nothing else depends on ``dp``. It is therefore evaluated at two
+  data-parallel degrees and interpolated exactly;
 * saved activations of one in-flight micro-batch, logits and the largest transient:
-  ``memory._stage_breakdown`` with one micro-batch (activations scale with the in-flight count,
-  ``memory.inflight_microbatches``, Korthikanti et al. 2022 Eq. 5);
-* per-micro-batch forward / backward / recompute time of every stage on each accelerator:
-  ``flops.device_flops`` with ``timing._stage_gemm_efficiency`` and ``timing._pass_time_s``.
+  ``memory._stage_breakdown`` with one micro-batch, per (tp, pp, cp, sequence parallelism,
+  micro-batch, recompute, precision, stage) — not ep, ZeRO, offload or the schedule; activations
+  scale with the in-flight count (``memory.inflight_microbatches``, Korthikanti et al. 2022
+  Eq. 5), whose slope comes from one more call per distinct peak count;
+* per-micro-batch forward / backward / recompute work of every stage: ``flops.device_flops``
+  per compute key without ep (balanced routing: ep does not change the work), its GEMM
+  efficiency ``timing._stage_gemm_efficiency`` per (stage kinds, tokens, tp, ep, precision) and
+  accelerators with equal efficiency figures, and the time of all stages of all compute keys on
+  all accelerators from one call of ``timing._pass_time_s`` on (stage × accelerator) arrays.
+
+The candidates of one device count depend on the accelerator only through its scale-up domain
+and its precisions, so ``enumerate_candidates`` builds each such *block* of (dp, zero, core) rows
+once and lays the candidates out as *segments* (one accelerator and device count each) that
+point at their block (``Segments``). Memory does not depend on the accelerator: it is computed
+once per distinct (core, ZeRO stage, dp) of the block rows, and fit and offload dominance per
+block row and accelerator capacity. The per-call times of the collectives depend on the
+accelerator, dp and the core's tp, pp, cp, ep, sequence parallelism, micro-batch and precision
+only: computed once per such key and gathered.
 
 What depends on ``dp``, ``zero``, the number of micro-batches and the placement of the parallel
 groups on the scale-up domains — the composition of the memory peak, the collectives (alpha-beta
 on the two-level network, ``comm.py``), their overlap, the pipeline bubble, the optimizer step,
 offload transfers, throughput, cost and energy — is computed here on arrays. Those formulas
-mirror ``memory.py``, ``comm.py``, ``timing.py`` and ``cost.py`` term by term, use the same
-constants (imported, never copied) and are tested for equality against the scalar path.
+mirror ``memory.py``, ``comm.py``, ``timing.py`` and ``cost.py`` term by term, in the scalar
+order of operations, use the same constants (imported, never copied) and are tested for equality
+against the scalar path. Results are kept in that compact form (``BulkResult``); per-candidate
+arrays are built when read.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final, cast
 
@@ -44,9 +64,9 @@ import numpy.typing as npt
 from trainplan.comm import network_from_system
 from trainplan.cost import IDLE_POWER_FRACTION
 from trainplan.dtypes import BYTES_PER_ELEMENT
-from trainplan.efficiency import get_efficiency
+from trainplan.efficiency import DeviceEfficiency, get_efficiency
 from trainplan.errors import TrainplanError
-from trainplan.flops import StageFlops, device_flops, optimizer_update_bytes, step_flops
+from trainplan.flops import device_flops, optimizer_update_bytes, step_flops
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
 from trainplan.layout import Layout, PipelineSchedule
@@ -83,6 +103,13 @@ PROBES_PER_GROUP: Final = 4
 """Candidates per (accelerator, devices) whose exact step time sets the pruning threshold."""
 SLOWER_MARGIN: Final = 1e-9
 """Relative slack of the step-time pruning rule (the bound is exact; the slack only keeps more)."""
+CHUNK: Final = 1 << 16
+"""Candidates (memory keys) per pass of the array formulas: the few hundred temporaries of the
+step time and of the memory peak then stay in the processor cache. Element-wise formulas give
+the same result in any chunking."""
+_RECOMPUTES: Final = ("none", "selective", "full")
+_OFFLOADS: Final = ("none", "optimizer", "optimizer+params")  # codes 0, 1, 2 in the time model
+_SCHEDULES: Final = ("1f1b", "interleaved", "zb")  # codes 0, 1, 2 in the time model
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
@@ -100,6 +127,14 @@ class Core:
     precision: Precision
     pp_schedule: PipelineSchedule
     virtual_stages: int
+
+    @classmethod
+    def of_valid(cls, fields: Mapping[str, object]) -> Core:
+        """A core from field values already checked (``enumerate_cores`` builds thousands): the
+        same object as ``Core(**fields)``, without the per-field setattr of a frozen dataclass."""
+        core = object.__new__(cls)
+        core.__dict__.update(fields)
+        return core
 
     def recipe(self, base: Recipe) -> Recipe:
         return _core_recipe(base, self.micro_batch, self.recompute, self.offload, self.precision)
@@ -129,21 +164,133 @@ def _core_recipe(base: Recipe, micro_batch: int, recompute: str, offload: str, p
     )
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Segments:
+    """Candidates as runs ("segments") of one accelerator and device count.
+
+    The (dp, zero, core) rows of a segment are those of its *block*. The candidates of one device
+    count depend on the accelerator only through its scale-up domain and its precisions, so one
+    block serves every accelerator that shares them: memory (which does not depend on the
+    accelerator) and offload dominance are worked out once per block row and compared with each
+    accelerator's capacity. Blocks are stored one after the other in ``dp``, ``zero``, ``core``.
+    """
+
+    acc: IntArray  # per segment
+    devices: IntArray  # per segment
+    start: IntArray  # per segment: its first candidate (segments are in candidate order)
+    block: IntArray  # per segment: its block
+    block_start: IntArray  # per block, and one past the end: its first row
+    dp: IntArray  # per row
+    zero: IntArray  # per row
+    core: IntArray  # per row
+
+    @property
+    def length(self) -> IntArray:
+        """Candidates in each segment (the size of its block)."""
+        return np.asarray(self.block_start[self.block + 1] - self.block_start[self.block])
+
+    def rows_of(self, idx: IntArray) -> tuple[IntArray, IntArray]:
+        """(segment, row) of each candidate index in ``idx``."""
+        s = np.searchsorted(self.start, idx, side="right") - 1
+        return s, np.asarray(self.block_start[self.block[s]] + (idx - self.start[s]))
+
+
 class Candidates:
     """Parallel arrays, one entry per candidate. ``core`` indexes ``cores``; ``acc`` indexes
-    ``accelerators``."""
+    ``accelerators``.
 
-    acc: IntArray
-    devices: IntArray
-    dp: IntArray
-    zero: IntArray
-    core: IntArray
+    Given either as flat arrays or as ``Segments`` (``enumerate_candidates``); the other form is
+    built on first use. Flat arrays make one segment (and one block) per run of equal
+    (accelerator, device count)."""
+
+    def __init__(
+        self,
+        *,
+        acc: IntArray | None = None,
+        devices: IntArray | None = None,
+        dp: IntArray | None = None,
+        zero: IntArray | None = None,
+        core: IntArray | None = None,
+        segments: Segments | None = None,
+    ) -> None:
+        if segments is not None:
+            self.__dict__["segments"] = segments
+            self._n = int(segments.length.sum())
+            return
+        if acc is None or devices is None or dp is None or zero is None or core is None:
+            raise TypeError("Candidates needs the five arrays or segments")
+        self.__dict__.update(acc=acc, devices=devices, dp=dp, zero=zero, core=core)
+        self._n = int(acc.shape[0])
 
     def __len__(self) -> int:
-        return int(self.acc.shape[0])
+        return self._n
 
-    def take(self, idx: IntArray | BoolArray) -> Candidates:
+    @functools.cached_property
+    def segments(self) -> Segments:
+        """Of flat arrays: one segment per run of equal (accelerator, device count), each its
+        own block."""
+        n = self._n
+        group = self.acc * (int(self.devices.max(initial=0)) + 1) + self.devices
+        start = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if n else np.zeros(0, dtype=np.int64)
+        return Segments(
+            acc=self.acc[start],
+            devices=self.devices[start],
+            start=start,
+            block=np.arange(start.size, dtype=np.int64),
+            block_start=np.r_[start, n].astype(np.int64),
+            dp=self.dp,
+            zero=self.zero,
+            core=self.core,
+        )
+
+    @functools.cached_property
+    def _rows(self) -> IntArray:
+        """Row (in ``segments``) of every candidate."""
+        seg = self.segments
+        shift = np.repeat(seg.block_start[seg.block] - seg.start, seg.length)
+        return np.asarray(shift + np.arange(self._n, dtype=np.int64))
+
+    @functools.cached_property
+    def acc(self) -> IntArray:
+        return np.repeat(self.segments.acc, self.segments.length)
+
+    @functools.cached_property
+    def devices(self) -> IntArray:
+        return np.repeat(self.segments.devices, self.segments.length)
+
+    @functools.cached_property
+    def dp(self) -> IntArray:
+        return np.asarray(self.segments.dp[self._rows])
+
+    @functools.cached_property
+    def zero(self) -> IntArray:
+        return np.asarray(self.segments.zero[self._rows])
+
+    @functools.cached_property
+    def core(self) -> IntArray:
+        return np.asarray(self.segments.core[self._rows])
+
+    def at(self, i: int) -> tuple[int, int, int, int, int]:
+        """(acc, devices, dp, zero, core) of candidate ``i``."""
+        seg = self.segments
+        s, r = seg.rows_of(np.array([i], dtype=np.int64))
+        k, row = int(s[0]), int(r[0])
+        return int(seg.acc[k]), int(seg.devices[k]), int(seg.dp[row]), int(seg.zero[row]), int(seg.core[row])
+
+    def take(self, idx: IntArray | BoolArray | slice) -> Candidates:
+        """The candidates ``idx`` (indices, a mask or a slice), as flat arrays."""
+        if "acc" not in self.__dict__:  # built from segments: index them without the flat arrays
+            if isinstance(idx, slice):
+                sel = np.arange(self._n, dtype=np.int64)[idx]
+            elif np.asarray(idx).dtype == np.bool_:
+                sel = np.flatnonzero(idx)
+            else:
+                sel = np.asarray(idx, dtype=np.int64)
+            s, r = self.segments.rows_of(sel)
+            seg = self.segments
+            return Candidates(
+                acc=seg.acc[s], devices=seg.devices[s], dp=seg.dp[r], zero=seg.zero[r], core=seg.core[r]
+            )
         return Candidates(
             acc=self.acc[idx],
             devices=self.devices[idx],
@@ -167,52 +314,233 @@ INVALID_REASONS: Final[dict[int, str]] = {
 }
 
 
-@dataclass(frozen=True, kw_only=True)
-class BulkResult:
-    """Per-candidate results (NaN where a candidate is invalid or a figure is unknown)."""
+TIME_FIELDS: Final = (
+    "compute_s",
+    "forward_s",
+    "backward_s",
+    "recompute_s",
+    "exposed_tp_s",
+    "exposed_ep_s",
+    "exposed_cp_s",
+    "pp_p2p_s",
+    "exposed_dp_s",
+    "bubble_s",
+    "optimizer_s",
+    "offload_s",
+    "step_s",
+    "tokens_per_s",
+    "mfu",
+    "time_s",
+    "device_hours",
+    "cost_usd",
+    "energy_kwh",
+)
+"""Figures of a candidate with a step time (``BulkEvaluator._time``)."""
 
-    invalid: IntArray  # 0 = valid, else an INVALID_* code
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class BulkResult:
+    """Results of ``BulkEvaluator.evaluate``.
+
+    Stored as computed: memory per distinct (core, ZeRO stage, dp) key and the key of every block
+    row of ``segments``, capacity and network validity per segment, flags per candidate, and the
+    figures of the candidates that have a step time (``timed``). The per-candidate arrays below
+    (NaN where a candidate is invalid or a figure is unknown) are built on first use: a
+    whole-catalog search has millions of candidates, and the planner reads the compact form
+    (``counts``, ``leanest``, ``memory_at``, ``times``).
+    """
+
+    segments: Segments
+    row_key: IntArray  # per block row: its memory key
+    key_memory: dict[str, Any]  # per memory key (BulkEvaluator._memory): invalid, m, per_device, ...
+    segment_capacity: FloatArray
+    segment_network_bad: BoolArray  # spans scale-up domains, and the accelerator has no scale-out
+    fits: BoolArray  # valid and fits in memory
     dominated: BoolArray  # fits, but a variant with less offload fits too and is no slower
     slower: BoolArray  # fits, but its step-time lower bound exceeds another's at the same hardware
-    per_device_bytes: FloatArray
-    capacity_bytes: FloatArray
-    weights_bytes: FloatArray
-    gradients_bytes: FloatArray
-    optimizer_bytes: FloatArray
-    activations_bytes: FloatArray
-    micro_batches: IntArray
-    compute_s: FloatArray
-    forward_s: FloatArray
-    backward_s: FloatArray
-    recompute_s: FloatArray
-    exposed_tp_s: FloatArray
-    exposed_ep_s: FloatArray
-    exposed_cp_s: FloatArray
-    pp_p2p_s: FloatArray
-    exposed_dp_s: FloatArray
-    bubble_s: FloatArray
-    optimizer_s: FloatArray
-    offload_s: FloatArray
-    step_s: FloatArray
-    tokens_per_s: FloatArray
-    mfu: FloatArray
-    time_s: FloatArray
-    device_hours: FloatArray
-    cost_usd: FloatArray
-    energy_kwh: FloatArray
+    timed: IntArray  # candidates with a step time (fit, not dominated, not slower), ascending
+    times: dict[str, FloatArray]  # their TIME_FIELDS, in the order of ``timed``
 
     @property
     def valid(self) -> BoolArray:
         return np.asarray(self.invalid == VALID)
 
     @property
-    def fits(self) -> BoolArray:
-        return np.asarray(self.valid & (self.per_device_bytes <= self.capacity_bytes))
-
-    @property
     def feasible(self) -> BoolArray:
         """Fits and is not dominated: these have step time, throughput and cost."""
         return np.asarray(self.fits & ~self.dominated & ~self.slower)
+
+    # --- compact reads --------------------------------------------------------------------
+    def counts(self) -> dict[int, int]:
+        """Candidates per validity code (VALID and the INVALID_* reasons)."""
+        seg = self.segments
+        codes = np.asarray(self.key_memory["invalid"][self.row_key], dtype=np.int64)
+        nb = seg.block_start.size - 1
+        block_of_row = np.repeat(np.arange(nb), np.diff(seg.block_start))
+        width = max(INVALID_REASONS) + 1
+        per_block = np.bincount(block_of_row * width + codes, minlength=nb * width).reshape(nb, width)
+        per_seg = per_block[seg.block]
+        net = self.segment_network_bad
+        per_seg[net, INVALID_NETWORK] += per_seg[net, VALID]
+        per_seg[net, VALID] = 0
+        total = per_seg.sum(axis=0)
+        return {code: int(total[code]) for code in range(width)}
+
+    def memory_at(self, name: str, idx: IntArray) -> FloatArray:
+        """Memory figure ``name`` (``per_device``, ``weights``, …) of the valid candidates ``idx``."""
+        _, r = self.segments.rows_of(np.asarray(idx, dtype=np.int64))
+        return np.asarray(self.key_memory[name][self.row_key[r]], dtype=np.float64)
+
+    def leanest(self, acc: int, devices: int) -> int | None:
+        """The valid candidate with the least memory per device at (accelerator, device count);
+        ties go to the first."""
+        seg = self.segments
+        best: tuple[float, int] | None = None
+        for s in np.flatnonzero((seg.acc == acc) & (seg.devices == devices)).tolist():
+            if self.segment_network_bad[s]:
+                continue
+            b = int(seg.block[s])
+            keys = self.row_key[seg.block_start[b] : seg.block_start[b + 1]]
+            ok = np.flatnonzero(self.key_memory["invalid"][keys] == VALID)
+            if ok.size == 0:
+                continue
+            pd = self.key_memory["per_device"][keys[ok]]
+            j = int(np.argmin(pd))
+            here = (float(pd[j]), int(seg.start[s]) + int(ok[j]))
+            if best is None or here < best:
+                best = here
+        return None if best is None else best[1]
+
+    # --- per-candidate arrays (built on first use) ----------------------------------------
+    @functools.cached_property
+    def _keys(self) -> IntArray:
+        seg = self.segments
+        shift = np.repeat(seg.block_start[seg.block] - seg.start, seg.length)
+        return np.asarray(self.row_key[shift + np.arange(shift.size, dtype=np.int64)])
+
+    def _spread(self, per_segment: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return np.repeat(per_segment, self.segments.length)
+
+    def _memory_array(self, name: str) -> FloatArray:
+        x = np.array(self.key_memory[name][self._keys], dtype=np.float64)
+        x[~self.valid] = np.nan
+        return x
+
+    def _time_array(self, name: str) -> FloatArray:
+        x = np.full(self.fits.size, np.nan)
+        x[self.timed] = self.times[name]
+        return x
+
+    @functools.cached_property
+    def invalid(self) -> IntArray:
+        """0 = valid, else an INVALID_* code."""
+        x = np.array(self.key_memory["invalid"][self._keys], dtype=np.int64)
+        x[self._spread(self.segment_network_bad) & (x == VALID)] = INVALID_NETWORK
+        return x
+
+    @functools.cached_property
+    def micro_batches(self) -> IntArray:
+        return np.asarray(self.key_memory["m"][self._keys])
+
+    @functools.cached_property
+    def capacity_bytes(self) -> FloatArray:
+        return np.asarray(self._spread(self.segment_capacity), dtype=np.float64)
+
+    @functools.cached_property
+    def per_device_bytes(self) -> FloatArray:
+        return self._memory_array("per_device")
+
+    @functools.cached_property
+    def weights_bytes(self) -> FloatArray:
+        return self._memory_array("weights")
+
+    @functools.cached_property
+    def gradients_bytes(self) -> FloatArray:
+        return self._memory_array("gradients")
+
+    @functools.cached_property
+    def optimizer_bytes(self) -> FloatArray:
+        return self._memory_array("optimizer")
+
+    @functools.cached_property
+    def activations_bytes(self) -> FloatArray:
+        return self._memory_array("activations")
+
+    @functools.cached_property
+    def compute_s(self) -> FloatArray:
+        return self._time_array("compute_s")
+
+    @functools.cached_property
+    def forward_s(self) -> FloatArray:
+        return self._time_array("forward_s")
+
+    @functools.cached_property
+    def backward_s(self) -> FloatArray:
+        return self._time_array("backward_s")
+
+    @functools.cached_property
+    def recompute_s(self) -> FloatArray:
+        return self._time_array("recompute_s")
+
+    @functools.cached_property
+    def exposed_tp_s(self) -> FloatArray:
+        return self._time_array("exposed_tp_s")
+
+    @functools.cached_property
+    def exposed_ep_s(self) -> FloatArray:
+        return self._time_array("exposed_ep_s")
+
+    @functools.cached_property
+    def exposed_cp_s(self) -> FloatArray:
+        return self._time_array("exposed_cp_s")
+
+    @functools.cached_property
+    def pp_p2p_s(self) -> FloatArray:
+        return self._time_array("pp_p2p_s")
+
+    @functools.cached_property
+    def exposed_dp_s(self) -> FloatArray:
+        return self._time_array("exposed_dp_s")
+
+    @functools.cached_property
+    def bubble_s(self) -> FloatArray:
+        return self._time_array("bubble_s")
+
+    @functools.cached_property
+    def optimizer_s(self) -> FloatArray:
+        return self._time_array("optimizer_s")
+
+    @functools.cached_property
+    def offload_s(self) -> FloatArray:
+        return self._time_array("offload_s")
+
+    @functools.cached_property
+    def step_s(self) -> FloatArray:
+        return self._time_array("step_s")
+
+    @functools.cached_property
+    def tokens_per_s(self) -> FloatArray:
+        return self._time_array("tokens_per_s")
+
+    @functools.cached_property
+    def mfu(self) -> FloatArray:
+        return self._time_array("mfu")
+
+    @functools.cached_property
+    def time_s(self) -> FloatArray:
+        return self._time_array("time_s")
+
+    @functools.cached_property
+    def device_hours(self) -> FloatArray:
+        return self._time_array("device_hours")
+
+    @functools.cached_property
+    def cost_usd(self) -> FloatArray:
+        return self._time_array("cost_usd")
+
+    @functools.cached_property
+    def energy_kwh(self) -> FloatArray:
+        return self._time_array("energy_kwh")
 
     def row(self, i: int) -> dict[str, float]:
         """One candidate's figures, keyed like ``Estimate.to_dict()`` (dotted)."""
@@ -257,6 +585,8 @@ class _Accel:
     """Per-accelerator constants of the time model, derived exactly as ``timing.step_time`` does."""
 
     acc: Accelerator
+    eff: DeviceEfficiency
+    eff_key: tuple[object, ...]  # its figures (_efficiency_key)
     dtype: str
     peak: float
     bw: float
@@ -268,6 +598,21 @@ class _Accel:
     host_bw: float
     price: float | None
     tdp_w: float | None
+
+
+_EFFICIENCY_LABELS: Final = ("name", "sources", "notes", "assumed")
+"""Descriptive fields of ``DeviceEfficiency``: they do not enter any efficiency figure."""
+
+
+def _efficiency_key(eff: DeviceEfficiency) -> tuple[object, ...]:
+    """The figures of ``eff`` (every field but the descriptive ones), comparable across devices."""
+    out: list[object] = []
+    for f in dataclasses.fields(eff):
+        if f.name in _EFFICIENCY_LABELS:
+            continue
+        value = getattr(eff, f.name)
+        out.append(tuple(sorted(value.items())) if isinstance(value, Mapping) else value)
+    return tuple(out)
 
 
 def accel_constants(acc: Accelerator, recipe: Recipe, price: float | None) -> _Accel:
@@ -295,6 +640,8 @@ def accel_constants(acc: Accelerator, recipe: Recipe, price: float | None) -> _A
     host = acc.host_link
     return _Accel(
         acc=acc,
+        eff=eff,
+        eff_key=_efficiency_key(eff),
         dtype=dtype,
         peak=peak,
         bw=bw,
@@ -330,9 +677,12 @@ class BulkEvaluator:
         self.accelerators = accelerators
         self.prices = prices
         self.pue = pue
-        self._state_cache: dict[tuple[object, ...], tuple[float, ...] | None] = {}
         self._layout_cache: dict[tuple[object, ...], Layout] = {}
-        self._stage_cache: dict[int, list[tuple[StageFlops, tuple[bool, ...]]]] = {}
+        # the stage store: 10 figures per distinct stage (see _stage_rows), its layers and kinds
+        self._stage_work: list[float] = []
+        self._stage_layers: list[tuple[tuple[int, ...], tuple[bool, ...]]] = []
+        self._flop_rows: dict[int, tuple[int, int]] = {}
+        self._eta_of_row: dict[tuple[int, int], int] = {}
         self._eta_cache: dict[int, FloatArray] = {}
         self._eta_index: dict[tuple[object, ...], int] = {}
         self._eta_keys: list[tuple[tuple[Any, ...], tuple[int, ...], Layout]] = []
@@ -348,6 +698,18 @@ class BulkEvaluator:
         self._expert = float(counts.moe_experts)
         self._dense = float(counts.total - counts.moe_experts)
         self._build_core_tables()
+        accs = accelerators
+        self._acc_capacity = np.array([ac.memory_bytes for ac in accs], dtype=np.float64)
+        self._acc_domain = np.array([ac.scale_up.domain_size for ac in accs], dtype=np.int64)
+        self._acc_no_out = np.array([ac.scale_out is None for ac in accs], dtype=bool)
+        self._acc_fast_hbm = np.array(
+            [
+                ac.memory_bandwidth_bytes_per_s * get_efficiency(ac.name).memory_bandwidth_efficiency
+                >= HOST_MEMORY_BYTES_PER_S
+                for ac in accs
+            ],
+            dtype=bool,
+        )
         self._time_tab = np.full((5, len(accelerators), len(self._fkeys)), np.nan)
 
     def _layout(self, dp: int, tp: int, pp: int, cp: int, ep: int, zero: int, *rest: object) -> Layout:
@@ -388,133 +750,167 @@ class BulkEvaluator:
         )
 
     # ----- memory tables ------------------------------------------------------------------
-    def _states(self, core: Core, zero: int, stage: int) -> tuple[float, ...] | None:
-        """(A_f, B_f for each state field..., trainable, params_on_device): field = A + B/dp."""
-        key = (core.tp, core.pp, core.cp, core.ep, core.precision, core.offload, zero, stage)
-        if key in self._state_cache:
-            return self._state_cache[key]
-        recipe = core.recipe(self.base)
-        dp1 = core.ep
-        values: list[list[float]] = []
-        trainable = params = 0.0
-        try:
-            for dp in (dp1, 2 * dp1):
-                layout = self._layout(dp, core.tp, core.pp, core.cp, core.ep, zero)
-                dev = device_params(self.model, layout, stage, recipe.lora)
-                st = _model_states(self.model, recipe, layout, dev)
-                values.append([float(getattr(st, f)) for f in _STATE_FIELDS])
-                trainable, params = float(st.trainable), float(dev.total)
-        except TrainplanError:
-            self._state_cache[key] = None
-            return None
-        out: list[float] = []
-        for f1, f2 in zip(values[0], values[1], strict=True):
-            b = (f1 - f2) * 2.0 * dp1
-            a = f1 - b / dp1
-            out += [a, b]
-        result = (*out, trainable, params)
-        self._state_cache[key] = result
-        return result
+    def _state_tables(self, reps: list[Core]) -> FloatArray:
+        """Model states of each core of ``reps`` per ZeRO stage and per first / last pipeline
+        stage: ``[rep, zero, stage, (A_f, B_f for each state field)..., trainable,
+        params_on_device]`` with field = A + B/dp; NaN where ``memory._model_states`` rejects it.
+
+        Every term is affine in 1/dp (ZeRO divides by dp·cp, routed experts by dp·cp/ep), so two
+        data-parallel degrees give A and B. ``device_params`` reads tp, ep and pp only: one call
+        per pipeline stage serves every dp and ZeRO stage.
+        """
+        nf = len(_STATE_FIELDS)
+        out = np.full((len(reps), 4, 2, 2 * nf + 2), np.nan)
+        fields = operator.attrgetter(*_STATE_FIELDS)
+        first: list[tuple[float, ...]] = []
+        second: list[tuple[float, ...]] = []
+        at: list[tuple[int, int, int]] = []
+        extra: list[tuple[float, float, float]] = []
+        for i, core in enumerate(reps):
+            recipe = core.recipe(self.base)
+            dp1 = core.ep
+            canonical = self._layout(dp1, core.tp, core.pp, core.cp, core.ep, 0)
+            for k, stage in enumerate(sorted({0, core.pp - 1})):
+                dev = device_params(self.model, canonical, stage, recipe.lora)
+                for z in ZERO_STAGES:
+                    try:
+                        lay1 = self._layout(dp1, core.tp, core.pp, core.cp, core.ep, z)
+                        st1 = _model_states(self.model, recipe, lay1, dev)
+                        lay2 = self._layout(2 * dp1, core.tp, core.pp, core.cp, core.ep, z)
+                        st2 = _model_states(self.model, recipe, lay2, dev)
+                    except TrainplanError:
+                        continue
+                    first.append(fields(st1))
+                    second.append(fields(st2))
+                    at.append((i, z, k))
+                    extra.append((float(st2.trainable), float(dev.total), float(dp1)))
+        if at:
+            f1 = np.array(first, dtype=np.float64)
+            f2 = np.array(second, dtype=np.float64)
+            ex = np.array(extra, dtype=np.float64)
+            dp1s = ex[:, 2:3]
+            b = (f1 - f2) * 2.0 * dp1s
+            a = f1 - b / dp1s
+            i, z, k = np.array(at, dtype=np.int64).T
+            out[i, z, k, : 2 * nf] = np.stack((a, b), axis=2).reshape(len(at), 2 * nf)
+            out[i, z, k, 2 * nf] = ex[:, 0]
+            out[i, z, k, 2 * nf + 1] = ex[:, 1]
+        single = np.array([core.pp == 1 for core in reps], dtype=bool)  # the last stage is the first
+        out[single, :, 1] = out[single, :, 0]
+        return out
 
     def _build_core_tables(self) -> None:
+        """Everything that depends only on the core: the scalar tables (model states,
+        activations), the compute, collective and recipe keys, and per-core constants."""
         n = len(self.cores)
         nf = len(_STATE_FIELDS)
         big = 1 << 40
         model = self.model
         no_ib = replace(self.base, optimizer_in_backward=False)
-        # Distinct keys: model states depend on (tp, pp, cp, ep, precision, offload); saved
-        # activations on every layout and recipe choice but the offload. Each is computed once.
-        skeys: dict[tuple[object, ...], int] = {}
-        akeys: dict[tuple[object, ...], int] = {}
-        s_of_core = np.empty(n, dtype=np.int64)
-        a_of_core = np.empty(n, dtype=np.int64)
-        s_rep: list[Core] = []
-        a_rep: list[Core] = []
-        for c, core in enumerate(self.cores):
-            sk = (core.tp, core.pp, core.cp, core.ep, core.precision, core.offload)
-            i = skeys.get(sk)
-            if i is None:
-                i = skeys[sk] = len(s_rep)
-                s_rep.append(core)
-            s_of_core[c] = i
-            ak = (
-                core.tp,
-                core.pp,
-                core.cp,
-                core.ep,
-                core.sequence_parallel,
-                core.micro_batch,
-                core.recompute,
-                core.precision,
-                core.pp_schedule,
-                core.virtual_stages,
+        cores = self.cores
+        # One row of small integers per core: tp, pp, cp, ep, sp, micro-batch, recompute,
+        # offload, precision, schedule, virtual stages (the keys below are tuples of its columns).
+        rc_code = {r: i for i, r in enumerate(_RECOMPUTES)}
+        off_code = {o: i for i, o in enumerate(_OFFLOADS)}
+        sched_code = {s: i for i, s in enumerate(_SCHEDULES)}
+        prec_code = self._prec_index
+        rows = [
+            (
+                c.tp,
+                c.pp,
+                c.cp,
+                c.ep,
+                int(c.sequence_parallel),
+                c.micro_batch,
+                rc_code[c.recompute],
+                off_code[c.offload],
+                prec_code[c.precision],
+                sched_code[c.pp_schedule],
+                c.virtual_stages,
             )
-            j = akeys.get(ak)
-            if j is None:
-                j = akeys[ak] = len(a_rep)
-                a_rep.append(core)
-            a_of_core[c] = j
+            for c in cores
+        ]
+        tab = np.array(rows, dtype=np.int64).reshape(n, 11)
+        span = tab.max(axis=0, initial=0) + 1
+
+        def code(columns: tuple[int, ...]) -> IntArray:
+            """One integer per core for the values of the given columns (mixed radix)."""
+            cols = list(columns)
+            return np.asarray(np.ravel_multi_index(tuple(tab[:, cols].T), tuple(span[cols])), dtype=np.int64)
+
+        def keyed(columns: tuple[int, ...]) -> tuple[IntArray, list[int]]:
+            """Index of each core's key (the given columns) and the first core of each key."""
+            _, first, of_core = np.unique(code(columns), return_index=True, return_inverse=True)
+            return np.asarray(of_core, dtype=np.int64).reshape(n), first.tolist()
+
+        # Model states (memory._model_states) read the layout degrees, the precision and the
+        # offload of the recipe; not the micro-batch, recompute, sequence parallelism or schedule.
+        s_of_core, s_first = keyed((0, 1, 2, 3, 8, 7))
         # states[key, zero, stage(0=first, 1=last), 2*nf + 2]
-        s_tab = np.full((len(s_rep), 4, 2, 2 * nf + 2), np.nan)
-        for i, core in enumerate(s_rep):
-            for z in ZERO_STAGES:
-                for k, stage in enumerate((0, core.pp - 1)):
-                    s = self._states(core, z, stage)
-                    if s is not None:
-                        s_tab[i, z, k] = s
-        # activations = a1 + slope·(inflight − 1): linear in the in-flight micro-batches
-        a_tab = np.zeros((len(a_rep), 2, 7))
-        recipes: dict[tuple[object, ...], Recipe] = {}
-        for j, core in enumerate(a_rep):
-            rkey = (core.micro_batch, core.recompute, core.precision)
+        s_tab = self._state_tables([cores[c] for c in s_first])
+        # Saved activations, logits and transients (memory._stage_breakdown with one in-flight
+        # micro-batch, and with the stage's peak count for the slope) read tp, cp, sequence
+        # parallelism, the stage's layers (pp) and the recipe's micro-batch, recompute and
+        # precision; the schedule only through the in-flight count; not ep, dp, ZeRO or offload.
+        # Each distinct call is made once: keyed by those inputs (and the in-flight count).
+        a_of_core, a_first = keyed((0, 1, 2, 4, 5, 6, 8, 9, 10))
+        a_tab = np.zeros((len(a_first), 2, 7))
+        recipes: dict[tuple[int, ...], Recipe] = {}
+        ones: dict[tuple[int, ...], MemoryBreakdown] = {}
+        manys: dict[tuple[object, ...], float] = {}
+        for j, c in enumerate(a_first):
+            core = cores[c]
+            row = rows[c]
+            rkey = (row[5], row[6], row[8])
             recipe = recipes.get(rkey)
             if recipe is None:
                 recipe = recipes[rkey] = replace(core.recipe(no_ib), offload="none")
             layout = self._core_layout(core)
-            done: dict[int, tuple[float, ...]] = {}
             for k, stage in enumerate((0, core.pp - 1)):
-                got = done.get(stage)
-                if got is None:
-                    hd = float(inflight_microbatches(layout, stage, big))
-                    one = _stage_breakdown(model, recipe, layout, stage, float("inf"), 1)
-                    slope = 0.0
-                    if hd > 1.0:
-                        many = _stage_breakdown(model, recipe, layout, stage, float("inf"), big)
-                        slope = (many.activations_bytes - one.activations_bytes) / (hd - 1.0)
-                    loss_t = logits_bytes(model, recipe, layout)[1] if stage == core.pp - 1 else 0.0
-                    got = (
-                        one.activations_bytes,
-                        slope,
-                        hd,
-                        one.logits_bytes,
-                        one.transient_bytes,
-                        loss_t,
-                        one.last_layer_activations_bytes,
-                    )
-                    done[stage] = got
-                a_tab[j, k] = got
-        states = s_tab[s_of_core]
+                okey = (row[0], row[1], row[2], row[4], *rkey, stage)
+                one = ones.get(okey)
+                if one is None:
+                    one = ones[okey] = _stage_breakdown(model, recipe, layout, stage, float("inf"), 1)
+                hd = float(inflight_microbatches(layout, stage, big))
+                slope = 0.0
+                if hd > 1.0:
+                    mkey = (*okey, hd)
+                    many = manys.get(mkey)
+                    if many is None:
+                        many = manys[mkey] = _stage_breakdown(
+                            model, recipe, layout, stage, float("inf"), big
+                        ).activations_bytes
+                    slope = (many - one.activations_bytes) / (hd - 1.0)
+                loss_t = logits_bytes(model, recipe, layout)[1] if stage == core.pp - 1 else 0.0
+                a_tab[j, k] = (
+                    one.activations_bytes,
+                    slope,
+                    hd,
+                    one.logits_bytes,
+                    one.transient_bytes,
+                    loss_t,
+                    one.last_layer_activations_bytes,
+                )
         acts = a_tab[a_of_core]
         act1, act_slope, held, logits, transient, loss_t_tab, last_layer = (
             np.ascontiguousarray(acts[:, :, q]) for q in range(7)
         )
-        flat = states.reshape(n * 4, 2, 2 * nf + 2)
-        self._states_bad = np.isnan(flat[:, 0, 0])
+        # per (core, ZeRO stage) = core·4 + zero: its row of the state table
+        cz = (s_of_core[:, None] * 4 + np.arange(4)).reshape(-1)
+        flat = s_tab.reshape(-1, 2, 2 * nf + 2)
+        self._states_bad = np.isnan(flat[:, 0, 0])[cz]
         flat = np.where(np.isnan(flat), 0.0, flat)
-        self._sA = [[np.ascontiguousarray(flat[:, k, 2 * j]) for k in (0, 1)] for j in range(nf)]
-        self._sB = [[np.ascontiguousarray(flat[:, k, 2 * j + 1]) for k in (0, 1)] for j in range(nf)]
-        self._s_trainable = np.ascontiguousarray(flat[:, :, 2 * nf])
-        self._s_params = np.ascontiguousarray(flat[:, :, 2 * nf + 1])
+        self._sA = [[flat[cz, k, 2 * j] for k in (0, 1)] for j in range(nf)]
+        self._sB = [[flat[cz, k, 2 * j + 1] for k in (0, 1)] for j in range(nf)]
+        self._s_trainable = flat[cz, :, 2 * nf]
+        self._s_params = flat[cz, :, 2 * nf + 1]
         # the same core one offload step lower (optimizer -> none, optimizer+params -> optimizer)
-        index = {c: i for i, c in enumerate(self.cores)}
-        lower: dict[str, Offload] = {"optimizer": "none", "optimizer+params": "optimizer"}
-        self._c_twin = np.array(
-            [
-                index.get(replace(c, offload=lower[c.offload]), -1) if c.offload in lower else -1
-                for c in self.cores
-            ],
-            dtype=np.int64,
-        )
+        full_code = code(tuple(range(11)))
+        order = np.argsort(full_code)
+        lower = full_code - int(np.prod(span[8:]))  # offload (column 7) one lower
+        at = np.minimum(np.searchsorted(full_code, lower, sorter=order), n - 1)
+        found = (tab[:, 7] > 0) & (full_code[order[at]] == lower)
+        self._c_twin = np.where(found, order[at], -1).astype(np.int64)
         self._act1 = act1
         self._loss_transient = loss_t_tab
         self._act_slope = act_slope
@@ -522,76 +918,57 @@ class BulkEvaluator:
         self._logits = logits
         self._transient = transient
         self._last_layer = last_layer
-        ints = {
-            name: np.array([getattr(c, name) for c in self.cores], dtype=np.int64)
-            for name in ("tp", "pp", "cp", "ep", "micro_batch", "virtual_stages")
-        }
-        self._c_int = ints
-        fkeys: dict[tuple[object, ...], int] = {}
-        reps: list[Core] = []
-        fk_of_core: list[int] = []
-        fk_first: list[int] = []
-        for co in self.cores:
-            fkey: tuple[object, ...] = (
-                co.tp,
-                co.pp,
-                co.cp,
-                co.ep,
-                co.sequence_parallel,
-                co.micro_batch,
-                co.recompute,
-                co.precision,
-                co.virtual_stages,
-            )
-            if fkey not in fkeys:
-                fkeys[fkey] = len(reps)
-                fk_first.append(len(fk_of_core))
-                reps.append(
-                    replace(
-                        co, offload="none", pp_schedule="interleaved" if co.virtual_stages > 1 else "1f1b"
+        columns = {"tp": 0, "pp": 1, "cp": 2, "ep": 3, "micro_batch": 5, "virtual_stages": 10}
+        self._c_int = {name: np.ascontiguousarray(tab[:, j]) for name, j in columns.items()}
+        # Compute keys: the work of a micro-batch does not depend on offload or on the schedule
+        # beyond its virtual stages. Their stage work (flops.device_flops) does not depend on ep
+        # either (balanced routing), so it is shared by the compute keys that differ only in ep.
+        fk_of_core, fk_first = keyed((0, 1, 2, 3, 4, 5, 6, 8, 10))
+        self._fkeys = [cores[c] for c in fk_first]  # their offload and schedule are not read
+        self._fkey_core = np.array(fk_first, dtype=np.int64)  # a core of each compute key
+        self._c_fkey = fk_of_core
+        flop_of_core, _ = keyed((0, 1, 2, 4, 5, 6, 8, 10))
+        # Collective sizes and groups: tp, pp, cp, ep, sequence parallelism, micro-batch, precision.
+        self._c_comm, comm_first = keyed((0, 1, 2, 3, 4, 5, 8))
+        self._n_comm = len(comm_first)
+        self._fkey_flops = flop_of_core[self._fkey_core]
+        self._c_sp = tab[:, 4] == 1
+        self._c_full = tab[:, 6] == rc_code["full"]
+        self._c_rc_any = tab[:, 6] != rc_code["none"]
+        self._c_off = np.ascontiguousarray(tab[:, 7])
+        # The pipeline bubble is (pp − 1) slots over v (interleaved) or 3 (ZB-H1); dividing by 1
+        # (1F1B) is exact, so one division serves every schedule.
+        self._c_p1 = (tab[:, 1] - 1).astype(np.float64)
+        bubble_div = {"1f1b": 1.0, "interleaved": np.nan, "zb": 3.0}
+        self._c_bubble_div = np.array([bubble_div[s] for s in _SCHEDULES])[tab[:, 9]]
+        inter = tab[:, 9] == _SCHEDULES.index("interleaved")
+        self._c_bubble_div[inter] = tab[inter, 10]
+        # Recipe figures per distinct (micro-batch, recompute, offload, precision).
+        r_of_core, r_first = keyed((5, 6, 7, 8))
+        r_recipes = [cores[c].recipe(self.base) for c in r_first]
+        self._c_e = np.array([float(BYTES_PER_ELEMENT[r.weight_dtype]) for r in r_recipes])[r_of_core]
+        self._c_update = np.array([optimizer_update_bytes(1.0, r) for r in r_recipes])[r_of_core]
+        # Trainable (PEFT: adapters over all stages, tp = 1 as step_time counts them) per pp.
+        if self.base.is_peft:
+            pps = np.unique(tab[:, 1])
+            adapters = [
+                float(
+                    sum(
+                        device_params(model, Layout(pp=int(pp)), st, self.base.lora).lora_adapters
+                        for st in range(int(pp))
                     )
                 )
-            fk_of_core.append(fkeys[fkey])
-        self._fkeys = reps
-        self._fkey_core = np.array(fk_first, dtype=np.int64)  # a core of each compute key
-        self._c_fkey = np.array(fk_of_core, dtype=np.int64)
-        self._c_sp = np.array([co.sequence_parallel for co in self.cores], dtype=bool)
-        self._c_full = np.array([co.recompute == "full" for co in self.cores], dtype=bool)
-        self._c_rc_any = np.array([co.recompute != "none" for co in self.cores], dtype=bool)
-        self._c_off = np.array(
-            [("none", "optimizer", "optimizer+params").index(co.offload) for co in self.cores]
-        )
-        sched = {"1f1b": 0, "interleaved": 1, "zb": 2}
-        self._c_sched = np.array([sched[co.pp_schedule] for co in self.cores], dtype=np.int64)
-        wb = [float(BYTES_PER_ELEMENT[co.recipe(self.base).weight_dtype]) for co in self.cores]
-        self._c_e = np.array(wb)
-        self._c_update = np.array([optimizer_update_bytes(1.0, co.recipe(self.base)) for co in self.cores])
-        # Trainable (PEFT: adapters over all stages, tp = 1 as step_time counts them) per pp.
-        tdense = []
-        adapters: dict[int, float] = {}
-        for co in self.cores:
-            if self.base.is_peft:
-                if co.pp not in adapters:
-                    adapters[co.pp] = float(
-                        sum(
-                            device_params(model, Layout(pp=co.pp), st, self.base.lora).lora_adapters
-                            for st in range(co.pp)
-                        )
-                    )
-                tdense.append(adapters[co.pp])
-            else:
-                tdense.append(self._dense)
-        self._c_tdense = np.array(tdense)
-        self._c_texpert = np.array([0.0 if self.base.is_peft else self._expert for _ in self.cores])
+                for pp in pps.tolist()
+            ]
+            self._c_tdense = np.array(adapters)[np.searchsorted(pps, tab[:, 1])]
+            self._c_texpert = np.zeros(n)
+        else:
+            self._c_tdense = np.full(n, self._dense)
+            self._c_texpert = np.full(n, self._expert)
         # Model FLOPs and tokens per step (fixed global batch: same for every layout).
-        mf_cache: dict[tuple[str, str, int], float] = {}
-        mf = []
-        for co in self.cores:
-            mkey = (co.precision, co.recompute, co.micro_batch)
-            if mkey not in mf_cache:
-                mf_cache[mkey] = step_flops(model, co.recipe(self.base), None).model_flops
-            mf.append(mf_cache[mkey])
-        self._c_model_flops = np.array(mf)
+        m_of_core, m_first = keyed((8, 6, 5))
+        mf = [step_flops(model, cores[c].recipe(self.base), None).model_flops for c in m_first]
+        self._c_model_flops = np.array(mf)[m_of_core]
         self._tokens_per_step = float(self.base.global_batch or 0) * self.base.seq_len
 
     # ----- time tables ----------------------------------------------------------------------
@@ -602,8 +979,9 @@ class BulkEvaluator:
             self._accel_cache[key] = accel_constants(self.accelerators[a], recipe, self.prices[a])
         return self._accel_cache[key]
 
-    def _accel_arrays(self, acc: IntArray, prec: IntArray) -> dict[str, FloatArray]:
-        """Accelerator constants as (accelerator, precision) tables, filled for the pairs used."""
+    def _accel_arrays(self, api: IntArray) -> dict[str, FloatArray]:
+        """Accelerator constants as (accelerator, precision) tables, filled for the pairs used
+        (``api`` = accelerator · number of precisions + precision)."""
         na, npr = len(self.accelerators), len(self._precs)
         tabs = self._accel_tabs
         if not tabs:
@@ -624,7 +1002,7 @@ class BulkEvaluator:
             ):
                 tabs[name] = np.full((na, npr), fill)
         mark = np.zeros(na * npr, dtype=bool)
-        mark[acc * npr + prec] = True
+        mark[api] = True
         for pair in np.flatnonzero(mark).tolist():
             a, p = divmod(pair, npr)
             if tabs["done"][a, p]:
@@ -644,9 +1022,10 @@ class BulkEvaluator:
             tabs["done"][a, p] = 1.0
         return tabs
 
-    def _time_tables(self, acc: IntArray, fkey: IntArray) -> FloatArray:
+    def _time_tables(self, afk: IntArray) -> FloatArray:
         """Per-micro-batch times of the busiest stage (``timing.step_time``): ``[t_f, t_b, t_r,
-        a_f, a_b]`` as (accelerator, compute key) tables, filled for the pairs used.
+        a_f, a_b]`` as (accelerator, compute key) tables, filled for the pairs used (``afk`` =
+        accelerator · number of compute keys + compute key).
 
         Keyed by the compute key of each core (offload and the pipeline schedule do not change
         the work of a micro-batch; the number of virtual stages does). All stages of all compute
@@ -656,13 +1035,13 @@ class BulkEvaluator:
         """
         na, nk = len(self.accelerators), len(self._fkeys)
         tab = self._time_tab
-        mark = np.zeros(nk * na, dtype=bool)
-        mark[fkey * na + acc] = True
+        mark = np.zeros(na * nk, dtype=bool)
+        mark[afk] = True
         pairs = np.flatnonzero(mark)
-        pairs = pairs[np.isnan(tab[0].T.reshape(-1)[pairs])]
+        pairs = pairs[np.isnan(tab[0].reshape(-1)[pairs])]
         if pairs.size == 0:
             return tab
-        fks, accs = np.divmod(pairs, na)
+        accs, fks = np.divmod(pairs, nk)
         fk_prec = self._c_prec[self._fkey_core]
         for p in np.unique(fk_prec[fks]).tolist():
             on = fk_prec[fks] == p
@@ -678,70 +1057,91 @@ class BulkEvaluator:
         eta_attn = np.array([ax.eta_attn for ax in axs])[None, :]
         kappa = np.array([ax.kappa for ax in axs])[None, :]
         # one row per distinct stage of each compute key, in order
-        rows: list[tuple[StageFlops, int]] = []
-        starts: list[int] = []
-        for fk in k_ids.tolist():
-            starts.append(len(rows))
-            core = self._fkeys[fk]
-            for st, kinds in self._stages(fk):
-                rows.append((st, self._eta_row(core, st.layers, kinds)))
-        eta_rows = np.array([r for _, r in rows], dtype=np.int64)
+        spans = [self._stage_rows(fk) for fk in k_ids.tolist()]
+        lens = np.array([hi - lo for lo, hi in spans], dtype=np.int64)
+        n_rows = int(lens.sum())
+        starts = np.cumsum(lens) - lens
+        rows = np.repeat(np.array([lo for lo, _ in spans], dtype=np.int64) - starts, lens) + np.arange(n_rows)
+        eta_rows = np.array(
+            [
+                self._eta_row(self._fkeys[fk], r)
+                for fk, (lo, hi) in zip(k_ids.tolist(), spans, strict=True)
+                for r in range(lo, hi)
+            ],
+            dtype=np.int64,
+        )
         used = np.unique(eta_rows)
         eta = np.stack([self._eta_values(e, a_ids) for e in used.tolist()])[np.searchsorted(used, eta_rows)]
+        work = np.array(self._stage_work, dtype=np.float64).reshape(-1, 10)[rows]
 
-        def cost(name: str) -> _ArrayCost:
-            passes = [getattr(st, name) for st, _ in rows]
+        def cost(j: int) -> _ArrayCost:
             return _ArrayCost(
-                gemm_flops=np.array([c.gemm_flops for c in passes])[:, None],
-                attention_flops=np.array([c.attention_flops for c in passes])[:, None],
-                memory_bytes=np.array([c.memory_bytes for c in passes])[:, None],
+                gemm_flops=work[:, j : j + 1],
+                attention_flops=work[:, j + 1 : j + 2],
+                memory_bytes=work[:, j + 2 : j + 3],
             )
 
-        fwd, bwd, rec = cost("forward"), cost("backward"), cost("recompute")
-        dequant = np.array([st.dequant_bytes for st, _ in rows])[:, None]
+        fwd, bwd, rec = cost(0), cost(3), cost(6)
+        dequant = work[:, 9:10]
         f = _pass(fwd, peak, eta, eta_attn, bw) / kappa
         b = (_pass(bwd, peak, eta, eta_attn, bw) + dequant / bw) / kappa
         r = _pass(rec, peak, eta, eta_attn, bw) / kappa
         total = f + b + r
         a_f = fwd.attention_flops / (peak * eta_attn) + 0.0 * f
         a_b = bwd.attention_flops / (peak * eta_attn) + 0.0 * f
-        st_idx = np.array(starts, dtype=np.int64)
-        top = np.maximum.reduceat(total, st_idx, axis=0)
-        seg = np.repeat(np.arange(st_idx.size), np.diff(np.r_[st_idx, len(rows)]))
-        row_no = np.broadcast_to(np.arange(len(rows))[:, None], total.shape)
-        first = np.minimum.reduceat(np.where(total == top[seg], row_no, len(rows)), st_idx, axis=0)
+        top = np.maximum.reduceat(total, starts, axis=0)
+        seg = np.repeat(np.arange(starts.size), lens)
+        row_no = np.broadcast_to(np.arange(n_rows)[:, None], total.shape)
+        first = np.minimum.reduceat(np.where(total == top[seg], row_no, n_rows), starts, axis=0)
         cols = np.broadcast_to(np.arange(a_ids.size)[None, :], first.shape)
         for j, x in enumerate((f, b, r, a_f, a_b)):
             tab[j][np.ix_(a_ids, k_ids)] = x[first, cols].T
 
-    def _eta_row(self, core: Core, layers: tuple[int, ...], kinds: tuple[bool, ...]) -> int:
-        """Index of the (stage kinds, tokens, tp, ep, precision) key of ``_stage_gemm_efficiency``."""
+    def _eta_row(self, core: Core, row: int) -> int:
+        """Index of the (stage kinds, tokens, tp, ep, precision) key of ``_stage_gemm_efficiency``
+        for stage ``row`` of the stage store run by ``core``."""
+        got = self._eta_of_row.get((row, core.ep))
+        if got is not None:
+            return got
+        layers, kinds = self._stage_layers[row]
         tokens = core.micro_batch * (self.base.seq_len // core.cp)
         key = (kinds, tokens, core.tp, core.ep, self._prec_index[core.precision])
         i = self._eta_index.get(key)
         if i is None:
             i = self._eta_index[key] = len(self._eta_keys)
             self._eta_keys.append((key, layers, self._core_layout(core)))
+        self._eta_of_row[(row, core.ep)] = i
         return i
 
     def _eta_values(self, e: int, accs: IntArray) -> FloatArray:
-        """``timing._stage_gemm_efficiency`` of eta key ``e`` on each accelerator of ``accs``."""
+        """``timing._stage_gemm_efficiency`` of eta key ``e`` on each accelerator of ``accs``.
+
+        Accelerators whose efficiency figures are equal (their descriptive fields aside) and
+        that compute in the same dtype get the same value: it is computed once for them.
+        """
         (_, tokens, _, _, p), layers, layout = self._eta_keys[e]
         row = self._eta_cache.get(e)
         if row is None:
             row = self._eta_cache[e] = np.full(len(self.accelerators), np.nan)
+        done: dict[tuple[object, ...], float] = {}
         for a in accs[np.isnan(row[accs])].tolist():
             ax = self._accel(a, p)
-            row[a] = _stage_gemm_efficiency(
-                self.model, layers, tokens, layout, get_efficiency(ax.acc.name), ax.dtype
-            )
+            key = (ax.eff_key, ax.dtype)
+            got = done.get(key)
+            if got is None:
+                got = done[key] = _stage_gemm_efficiency(self.model, layers, tokens, layout, ax.eff, ax.dtype)
+            row[a] = got
         return np.asarray(row[accs])
 
-    def _stages(self, fk: int) -> list[tuple[StageFlops, tuple[bool, ...]]]:
-        """The distinct stages of a compute key (stages with the same work cost the same; the
-        first of equal ones is kept, as ``max`` keeps the first maximum)."""
-        cached = self._stage_cache.get(fk)
-        if cached is None:
+    def _stage_rows(self, fk: int) -> tuple[int, int]:
+        """Rows [lo, hi) of the stage store (``_stage_work``, ``_stage_layers``) that hold the
+        distinct stages of compute key ``fk``: its per-micro-batch forward, backward and recompute
+        work (``flops.device_flops``) and dequantization bytes. Stages with the same work cost the
+        same; the first of equal ones is kept, as ``max`` keeps the first maximum. The compute
+        keys that differ only in ep share the rows (``device_flops`` does not read ep)."""
+        flop = int(self._fkey_flops[fk])
+        span = self._flop_rows.get(flop)
+        if span is None:
             core = self._fkeys[fk]
             rkey = (core.micro_batch, core.recompute, core.precision, core.ep)
             recipe = self._stage_recipes.get(rkey)
@@ -749,7 +1149,7 @@ class BulkEvaluator:
                 recipe = replace(core.recipe(self.base), global_batch=core.micro_batch * core.ep)
                 recipe = self._stage_recipes[rkey] = replace(recipe, offload="none")
             seen: set[tuple[object, ...]] = set()
-            cached = []
+            lo = len(self._stage_layers)
             for st in device_flops(self.model, recipe, self._core_layout(core)):
                 kinds = self._kinds.get(st.layers)
                 if kinds is None:
@@ -759,9 +1159,12 @@ class BulkEvaluator:
                 if key in seen:
                     continue
                 seen.add(key)
-                cached.append((st, kinds))
-            self._stage_cache[fk] = cached
-        return cached
+                for c in (st.forward, st.backward, st.recompute):
+                    self._stage_work += (c.gemm_flops, c.attention_flops, c.memory_bytes)
+                self._stage_work.append(st.dequant_bytes)
+                self._stage_layers.append((st.layers, kinds))
+            span = self._flop_rows[flop] = (lo, len(self._stage_layers))
+        return span
 
     # ----- evaluation -----------------------------------------------------------------------
     def evaluate(self, cand: Candidates, *, prune_slower: bool = False) -> BulkResult:
@@ -772,89 +1175,103 @@ class BulkEvaluator:
         of another candidate there (``BulkResult.slower``, see ``_prune_slower``).
         """
         n = len(cand)
-        devices = cand.devices
-        acc = cand.acc
+        seg = cand.segments
+        nseg = seg.start.size
 
         # --- memory (memory._stage_breakdown / memory_breakdown) -------------------------
         # Memory depends on (core, ZeRO stage, dp) only, not on the accelerator: it is computed
-        # once per distinct key and gathered (the catalog shares device counts, so most
-        # candidates repeat a key).
-        key, u_core, u_zero, u_dp, twin_key = self._memory_keys(cand)
-        mem = self._memory(u_core, u_zero, u_dp)
-        u_invalid, u_m = mem["invalid"], mem["m"]
-        invalid = u_invalid[key]
-        m = u_m[key]
-        capacity = np.array([a.memory_bytes for a in self.accelerators])[acc]
-        per_device = mem["per_device"][key]
+        # once per distinct key of the block rows; a block serves every accelerator that shares
+        # its device count, scale-up domain and precisions.
+        key, u_core, u_zero, u_dp = self._memory_keys(seg.dp, seg.zero, seg.core)
+        parts = [
+            self._memory(u_core[lo : lo + CHUNK], u_zero[lo : lo + CHUNK], u_dp[lo : lo + CHUNK])
+            for lo in range(0, max(1, u_core.size), CHUNK)
+        ]
+        mem = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+        r_ok = mem["invalid"][key] == VALID
+        r_pd = mem["per_device"][key]
+        r_twin = self._twin_rows(seg)
 
-        # --- validity that needs the network, and dominance (before any time is computed) -------
-        dom_acc = np.array([ac.scale_up.domain_size for ac in self.accelerators], dtype=np.int64)[acc]
-        no_out = np.array([ac.scale_out is None for ac in self.accelerators], dtype=bool)[acc]
-        net_bad = (devices > np.minimum(dom_acc, devices)) & no_out
-        invalid[net_bad & (invalid == VALID)] = INVALID_NETWORK
-        fits = (invalid == VALID) & (per_device <= capacity)
-        dominated = self._dominated(cand, fits, twin_key, u_invalid, mem["per_device"], capacity, net_bad)
-        sub = np.nonzero(fits & ~dominated)[0]
+        # --- per segment: capacity, network validity, fit and dominance ----------------------
+        s_cap = self._acc_capacity[seg.acc]
+        s_bad = (seg.devices > np.minimum(self._acc_domain[seg.acc], seg.devices)) & self._acc_no_out[seg.acc]
+        s_fast = self._acc_fast_hbm[seg.acc]
+        fits = np.zeros(n, dtype=bool)
+        dominated = np.zeros(n, dtype=bool)
+        empty = np.zeros(0, dtype=np.int64)
+        pieces: list[tuple[IntArray, IntArray]] = [(empty, empty)] * nseg
+        by_block = np.argsort(seg.block, kind="stable")
+        cuts = np.flatnonzero(np.diff(seg.block[by_block])) + 1
+        for ss in np.split(by_block, cuts) if nseg else []:
+            b = int(seg.block[ss[0]])
+            lo, hi = int(seg.block_start[b]), int(seg.block_start[b + 1])
+            f = r_ok[lo:hi] & ~s_bad[ss, None] & (r_pd[lo:hi] <= s_cap[ss, None])
+            tw = r_twin[lo:hi]
+            has = tw >= 0
+            d = f & s_fast[ss, None] & has & f[:, np.where(has, tw - lo, 0)]
+            keep = f & ~d
+            for j, s in enumerate(ss.tolist()):
+                st = int(seg.start[s])
+                fits[st : st + hi - lo] = f[j]
+                dominated[st : st + hi - lo] = d[j]
+                loc = np.flatnonzero(keep[j])
+                pieces[s] = (st + loc, lo + loc)
+        sub = np.concatenate([p[0] for p in pieces]) if nseg else empty
+        rows = np.concatenate([p[1] for p in pieces]) if nseg else empty
+        s_of = np.repeat(np.arange(nseg, dtype=np.int64), [p[0].size for p in pieces])
+        c = Candidates(
+            acc=seg.acc[s_of],
+            devices=seg.devices[s_of],
+            dp=seg.dp[rows],
+            zero=seg.zero[rows],
+            core=seg.core[rows],
+        )
+        k = key[rows]
+        m, trainable, params_dev = mem["m"][k], mem["trainable"][k], mem["params_dev"][k]
         slower = np.zeros(n, dtype=bool)
         if prune_slower and sub.size:
-            sub, cut = self._prune_slower(cand, sub, m, key, mem)
-            slower[cut] = True
-        tm = self._time(cand.take(sub), m[sub], mem["trainable"][key[sub]], mem["params_dev"][key[sub]])
-
-        def full(x: FloatArray) -> FloatArray:
-            out = np.full(n, np.nan)
-            out[sub] = x
-            return out
-
-        bad = invalid != VALID
-
-        def gather(name: str) -> FloatArray:
-            x = np.array(mem[name][key], dtype=np.float64)
-            x[bad] = np.nan
-            return x
-
+            fast = self._prune_slower(c, m, trainable, params_dev)
+            slower[sub[~fast]] = True
+            sub, c, m, trainable, params_dev = (
+                sub[fast],
+                c.take(fast),
+                m[fast],
+                trainable[fast],
+                params_dev[fast],
+            )
+        times = self._time(c, m, trainable, params_dev)
         return BulkResult(
-            invalid=invalid,
+            segments=seg,
+            row_key=key,
+            key_memory=mem,
+            segment_capacity=s_cap,
+            segment_network_bad=s_bad,
+            fits=fits,
             dominated=dominated,
             slower=slower,
-            per_device_bytes=gather("per_device"),
-            capacity_bytes=capacity,
-            weights_bytes=gather("weights"),
-            gradients_bytes=gather("gradients"),
-            optimizer_bytes=gather("optimizer"),
-            activations_bytes=gather("activations"),
-            micro_batches=m,
-            **{k: full(v) for k, v in tm.items()},
+            timed=sub,
+            times=times,
         )
 
-    def _memory_keys(self, cand: Candidates) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
-        """Index of each candidate's (core, zero, dp) among the distinct ones, the distinct
-        ones' columns, and the key of its one-offload-step-lower twin (-1: none)."""
-        dpi = cand.dp
-        if len(cand) == 0:
+    def _memory_keys(
+        self, dpi: IntArray, zero: IntArray, core: IntArray
+    ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+        """Index of each (core, zero, dp) among the distinct ones, and the distinct ones' columns."""
+        if dpi.size == 0:
             e = np.zeros(0, dtype=np.int64)
-            return e, e, e, e, e
+            return e, e, e, e
         present = np.bincount(dpi)
         dps = np.flatnonzero(present)
         lut = np.zeros(present.size, dtype=np.int64)
         lut[dps] = np.arange(dps.size)
         ndp = dps.size
-        full_key = (cand.core * 4 + cand.zero) * ndp + lut[dpi]
+        full_key = (core * 4 + zero) * ndp + lut[dpi]
         mark = np.zeros(len(self.cores) * 4 * ndp, dtype=bool)
         mark[full_key] = True
         ukeys = np.flatnonzero(mark)
         pos = np.full(mark.size, -1, dtype=np.int64)
         pos[ukeys] = np.arange(ukeys.size)
-        twin = self._c_twin[cand.core]
-        twin_full = (np.maximum(twin, 0) * 4 + cand.zero) * ndp + lut[dpi]
-        twin_key = np.where(twin >= 0, pos[twin_full], -1)
-        return (
-            pos[full_key],
-            ukeys // (4 * ndp),
-            (ukeys // ndp) % 4,
-            dps[ukeys % ndp],
-            twin_key,
-        )
+        return pos[full_key], ukeys // (4 * ndp), (ukeys // ndp) % 4, dps[ukeys % ndp]
 
     def _memory(self, core: IntArray, zero: IntArray, dpi: IntArray) -> dict[str, Any]:
         """Memory peak and its terms of the worse of the first and the last pipeline stage,
@@ -882,6 +1299,23 @@ class BulkEvaluator:
 
         capacity = np.full(n, np.inf)  # the peak does not depend on the capacity
         grads_live = (m > 1) | self.base.optimizer_in_backward
+        # memory._stage_breakdown: a block's input x (FSDP2 moments) and the gradient of each
+        # stage's input at the end of backward (0 under ZeRO-3), per core and stage (first, last).
+        io = self.__dict__.get("_core_input_bytes")
+        if io is None:
+            from trainplan.memory import block_input_bytes, input_grad_bytes
+
+            rows = []
+            for c in self.cores:
+                rc, lc = c.recipe(self.base), self._core_layout(c)
+                rows.append(
+                    (
+                        block_input_bytes(self.model, rc, lc),
+                        input_grad_bytes(self.model, rc, lc, 0),
+                        input_grad_bytes(self.model, rc, lc, c.pp - 1),
+                    )
+                )
+            io = self.__dict__["_core_input_bytes"] = np.array(rows, dtype=np.float64).reshape(-1, 3)
         stage_vals = []
         for k in (0, 1):
             infl = np.minimum(self._held[core, k], mf)
@@ -903,6 +1337,9 @@ class BulkEvaluator:
                 "paged_optimizer_bytes": field(k, "paged"),
                 "last_layer_activations_bytes": self._last_layer[core, k],
                 "loss_forward_bytes": 0.75 * self._loss_transient[core, k],
+                "block_input_bytes": io[core, 0],
+                "input_grad_bytes": np.where(zero == 3, 0.0, io[core, 1 + k]),
+                "tied_grad_bytes": field(k, "tied_grad"),
             }
             values |= {f"{name}_bytes": field(k, name) for name in _FSDP_FIELDS}
             per_dev = np.where(
@@ -929,59 +1366,116 @@ class BulkEvaluator:
         out["m"] = m
         return out
 
-    def _dominated(
-        self,
-        cand: Candidates,
-        fits: BoolArray,
-        twin_key: IntArray,
-        u_invalid: IntArray,
-        u_per_device: FloatArray,
-        capacity: FloatArray,
-        net_bad: BoolArray,
-    ) -> BoolArray:
-        """Offload variants whose same layout one offload step lower fits: never faster.
+    def _collectives(self, acc: IntArray, dpi: IntArray, core: IntArray) -> dict[str, FloatArray]:
+        """Per-call times of the step's collectives for each candidate (``comm.Network.time_s`` on
+        the placements of ``comm.group_placement``, as ``comm.step_collectives`` sizes them).
 
-        ``timing.step_time`` charges offload ``transfers + update / HOST_MEMORY_BYTES_PER_S`` in
-        place of ``update / (HBM bandwidth)`` and adds the weight streaming of parameter offload;
-        every other term is the same. Where the HBM bandwidth is at least HOST_MEMORY_BYTES_PER_S the
-        lower variant is at least as fast at the same price, so the offload variant is dominated.
-        The twin must be a candidate itself (same accelerator, devices, ZeRO stage) and fit.
+        They depend on the accelerator, dp and the core's tp, pp, cp, ep, sequence parallelism,
+        micro-batch and precision (the device count is dp·tp·pp·cp), not on ZeRO, recompute,
+        offload or the schedule: each is computed once per distinct such key and gathered.
+        Names: ``dp_*`` / ``xdp_*`` (data-parallel shard group, expert data-parallel group:
+        ``rs``, ``ag``, ``ar``), ``tp_*`` (per layer pass), ``pp``, ``ep``, ``cp_fwd``, ``cp_bwd``.
         """
-        n = len(cand)
-        fast_hbm_acc = np.array(
-            [
-                ac.memory_bandwidth_bytes_per_s * get_efficiency(ac.name).memory_bandwidth_efficiency
-                >= HOST_MEMORY_BYTES_PER_S
-                for ac in self.accelerators
-            ],
-            dtype=bool,
-        )
-        sel = np.nonzero(fits & (twin_key >= 0) & fast_hbm_acc[cand.acc])[0]
-        out = np.zeros(n, dtype=bool)
-        if sel.size == 0:
-            return out
-        # is the twin a candidate? (accelerator, devices, zero, core) marked on a dense grid
-        present = np.bincount(cand.devices)
-        devs = np.flatnonzero(present)
+        present = np.bincount(dpi)
+        dps = np.flatnonzero(present)
         lut = np.zeros(present.size, dtype=np.int64)
-        lut[devs] = np.arange(devs.size)
-        nc = len(self.cores)
-        group = (cand.acc * devs.size + lut[cand.devices]) * 4 + cand.zero
-        grid = np.zeros(len(self.accelerators) * devs.size * 4 * nc, dtype=bool)
-        grid[group * nc + cand.core] = True
-        g = group[sel]
-        tw = self._c_twin[cand.core[sel]]
-        exists = grid[g * nc + tw]
-        tk = twin_key[sel]
-        twin_fits = exists & (u_invalid[tk] == VALID) & ~net_bad[sel] & (u_per_device[tk] <= capacity[sel])
-        out[sel] = twin_fits
+        lut[dps] = np.arange(dps.size)
+        key = (acc * dps.size + lut[dpi]) * self._n_comm + self._c_comm[core]
+        mark = np.zeros(len(self.accelerators) * dps.size * self._n_comm, dtype=bool)
+        mark[key] = True
+        ukeys = np.flatnonzero(mark)
+        pos = np.zeros(mark.size, dtype=np.int64)
+        pos[ukeys] = np.arange(ukeys.size)
+        of = pos[key]
+        rep = np.empty(ukeys.size, dtype=np.int64)
+        rep[of] = np.arange(of.size)  # a candidate of each key
+        a, dp, c = acc[rep], dpi[rep], core[rep]
+        n = a.size
+        tp, pp, cp, ep = (self._c_int[name][c] for name in ("tp", "pp", "cp", "ep"))
+        mb = self._c_int["micro_batch"][c]
+        api = a * len(self._precs) + self._c_prec[c]
+        ac = self._accel_arrays(api)
+
+        def col(name: str) -> FloatArray:
+            return np.asarray(ac[name].reshape(-1)[api])
+
+        d = np.minimum(col("domain").astype(np.int64), dp * tp * pp * cp)
+        out_bw = col("out_bw")
+        out_bw = np.where(np.isnan(out_bw), 1.0, out_bw)
+        net = _Net(col("up_bw"), col("up_lat"), col("up_eff"), out_bw, col("out_lat"), col("out_eff"))
+        e = self._c_e[c]
+        w_bytes = BYTES_PER_ELEMENT["nf4"] if self.base.method == "qlora" else e
+        out: dict[str, FloatArray] = {}
+
+        def data_parallel(prefix: str, pl: _Placement, param_b: FloatArray, grad_b: FloatArray) -> None:
+            out[prefix + "_rs"] = net.time("reduce_scatter", grad_b, pl)
+            out[prefix + "_ag"] = net.time("all_gather", param_b, pl)
+            out[prefix + "_ar"] = net.time("all_reduce", grad_b, pl)
+
+        shard_size = dp * cp
+        tpp = (tp * pp).astype(np.float64)
+        data_parallel(
+            "dp", _place(shard_size, tp, d), self._dense / tpp * w_bytes, self._c_tdense[c] / tpp * e
+        )
+        if self._expert:
+            tppe = (tp * pp * ep).astype(np.float64)
+            xdp = _place(shard_size // ep, tp * ep, d)
+            data_parallel("xdp", xdp, self._expert / tppe * w_bytes, self._c_texpert[c] / tppe * e)
+
+        model = self.model
+        b = mb.astype(np.float64)
+        s = float(self.base.seq_len)
+        h = float(model.hidden_size)
+        act_b = b * (s / cp) * h * e
+        # Each parallelism's collectives only where some candidate uses it (else they are 0).
+        if bool((tp > 1).any()):
+            tp_pl = _place(tp, np.ones(n, dtype=np.int64), d)
+            out["tp_ag"] = net.time("all_gather", act_b, tp_pl)
+            out["tp_rs"] = net.time("reduce_scatter", act_b, tp_pl)
+            out["tp_ar"] = net.time("all_reduce", act_b, tp_pl)
+        if bool((pp > 1).any()):
+            out["pp"] = net.time("send_recv", act_b / tp, _place(pp, tp * cp * dp, d))
+        if model.moe is not None and bool((ep > 1).any()):
+            local_tokens = b * s / cp / np.where(self._c_sp[c], tp, 1)
+            routed = local_tokens * model.moe.top_k * h * e * 1.0
+            out["ep"] = net.time("all_to_all", routed, _place(ep, tp, d))
+        if bool((cp > 1).any()):
+            cp_pl = _place(cp, tp, d)
+            kv_local = np.maximum(model.num_kv_heads / tp, 1.0)
+            kv = 2 * b * (s / cp) * kv_local * model.head_dim * e
+            out["cp_fwd"] = net.time("send_recv", kv, cp_pl)
+            out["cp_bwd"] = net.time("send_recv", 2 * kv, cp_pl)
+        return {name: x[of] for name, x in out.items()}
+
+    def _twin_rows(self, seg: Segments) -> IntArray:
+        """For every block row, the row of the same block whose core is one offload step lower
+        (same ZeRO stage, hence the same dp), or -1.
+
+        Offload dominance: ``timing.step_time`` charges offload ``transfers + update /
+        HOST_MEMORY_BYTES_PER_S`` in place of ``update / (HBM bandwidth)`` and adds the weight
+        streaming of parameter offload; every other term is the same. Where the HBM bandwidth is
+        at least HOST_MEMORY_BYTES_PER_S the lower variant is at least as fast at the same price,
+        so an offload variant whose twin fits is dominated. The twin must be a candidate itself:
+        a row of the same block, hence of the same accelerator and device count
+        (``enumerate_candidates`` gives each (accelerator, device count) one segment).
+        """
+        out = np.full(seg.dp.size, -1, dtype=np.int64)
+        where = np.full(len(self.cores) * 4, -1, dtype=np.int64)  # (core, zero) -> row, per block
+        for b in range(seg.block_start.size - 1):
+            lo, hi = int(seg.block_start[b]), int(seg.block_start[b + 1])
+            code = seg.core[lo:hi] * 4 + seg.zero[lo:hi]
+            where[code[::-1]] = np.arange(hi - 1, lo - 1, -1)  # the first row of a repeated pair
+            tw = self._c_twin[seg.core[lo:hi]]
+            has = tw >= 0
+            out[lo:hi][has] = where[tw[has] * 4 + seg.zero[lo:hi][has]]
+            where[code] = -1
         return out
 
     def _prune_slower(
-        self, cand: Candidates, sub: IntArray, m: IntArray, key: IntArray, mem: dict[str, Any]
-    ) -> tuple[IntArray, IntArray]:
-        """Split ``sub`` (candidates that fit, not dominated) into those that may be the fastest
-        at their (accelerator, device count) and those that provably are not.
+        self, c: Candidates, m: IntArray, trainable: FloatArray, params_dev: FloatArray
+    ) -> BoolArray:
+        """Which of the candidates ``c`` (that fit, not dominated) may be the fastest at their
+        (accelerator, device count); False for those that provably are not.
 
         Rule: ``bound_only`` gives a lower bound of each candidate's step time (compute, bubble,
         optimizer and offload terms; the exposed collectives are left out). The exact step time
@@ -990,25 +1484,32 @@ class BulkEvaluator:
         ``SLOWER_MARGIN``, relative) is slower than that probe on the same hardware, hence also
         dearer (cost is devices × time × price), and is never the plan chosen there. Ties are kept.
         """
-        c = cand.take(sub)
-        ms = m[sub]
-        tr = mem["trainable"][key[sub]]
-        pd = mem["params_dev"][key[sub]]
-        bound = self._time(c, ms, tr, pd, bound_only=True)["bound"]
-        k = sub.size
+        bound = self._time(c, m, trainable, params_dev, bound_only=True)["bound"]
+        k = len(c)
         group = c.acc * (int(c.devices.max()) + 1) + c.devices
-        order = np.lexsort((np.arange(k), bound, group))
-        gs = group[order]
+        perm = np.argsort(group, kind="stable")  # linear when the groups are already contiguous
+        gs = group[perm]
         first = np.r_[True, gs[1:] != gs[:-1]]
-        start = np.maximum.accumulate(np.where(first, np.arange(k), 0))
+        starts = np.flatnonzero(first)
+        sizes = np.diff(np.r_[starts, k])
         gid = np.empty(k, dtype=np.int64)
-        gid[order] = np.cumsum(first) - 1
-        probe = order[(np.arange(k) - start) < PROBES_PER_GROUP]
-        step = self._time(c.take(probe), ms[probe], tr[probe], pd[probe])["step_s"]
-        best = np.full(int(first.sum()), np.inf)
+        gid[perm] = np.cumsum(first) - 1
+        # The probes: the smallest bounds of each group, ties to the earlier candidate (the order
+        # of a sort by group, bound, position), one round per probe; a taken one becomes NaN.
+        b = np.where(np.isnan(bound), np.inf, bound)[perm]
+        pos = np.arange(k)
+        probes = []
+        for _ in range(PROBES_PER_GROUP):
+            low = np.repeat(np.fmin.reduceat(b, starts), sizes)
+            at = np.minimum.reduceat(np.where(b == low, pos, k), starts)
+            at = at[at < k]
+            probes.append(at)
+            b[at] = np.nan
+        probe = perm[np.concatenate(probes)]
+        step = self._time(c.take(probe), m[probe], trainable[probe], params_dev[probe])["step_s"]
+        best = np.full(starts.size, np.inf)
         np.fmin.at(best, gid[probe], step)
-        keep = ~(bound > best[gid] * (1.0 + SLOWER_MARGIN))
-        return sub[keep], sub[~keep]
+        return np.asarray(~(bound > best[gid] * (1.0 + SLOWER_MARGIN)))
 
     def _time(
         self,
@@ -1025,57 +1526,73 @@ class BulkEvaluator:
         and offload terms in the order ``step_s`` adds them; every term left out (exposed
         collectives) is non-negative, and rounded addition is monotone, so ``bound <= step_s``
         exactly.
+
+        Computed ``CHUNK`` candidates at a time.
         """
         n = len(cand)
+        if n > CHUNK:
+            self._time_tables(cand.acc * len(self._fkeys) + self._c_fkey[cand.core])  # all at once
+            parts = [
+                self._time(
+                    cand.take(slice(lo, lo + CHUNK)),
+                    m[lo : lo + CHUNK],
+                    trainable[lo : lo + CHUNK],
+                    params_dev[lo : lo + CHUNK],
+                    bound_only=bound_only,
+                )
+                for lo in range(0, n, CHUNK)
+            ]
+            return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         core = cand.core
         zero = cand.zero
         dpi = cand.dp
         devices = cand.devices
         acc = cand.acc
-        tp = self._c_int["tp"][core]
-        pp = self._c_int["pp"][core]
         cp = self._c_int["cp"][core]
-        ep = self._c_int["ep"][core]
-        mb = self._c_int["micro_batch"][core]
-        v = self._c_int["virtual_stages"][core]
         mf = m.astype(np.float64)
         # --- accelerator constants and per-micro-batch compute --------------------------------
-        fk = self._c_fkey[core]
-        tt = self._time_tables(acc, fk)
-        t_f, t_b, t_r = tt[0][acc, fk], tt[1][acc, fk], tt[2][acc, fk]
-        ac = self._accel_arrays(acc, self._c_prec[core])
-        pi = self._c_prec[core]
+        afk = acc * len(self._fkeys) + self._c_fkey[core]  # (accelerator, compute key), flattened
+        tt = self._time_tables(afk)
+        t_f, t_b, t_r = (tt[j].reshape(-1)[afk] for j in range(3))
+        api = acc * len(self._precs) + self._c_prec[core]  # (accelerator, precision), flattened
+        ac = self._accel_arrays(api)
 
         def col(name: str) -> FloatArray:
-            return np.asarray(ac[name][acc, pi])
+            return np.asarray(ac[name].reshape(-1)[api])
 
         bw = col("bw")
-        host_bw = col("host_bw")
         shard_size = dpi * cp
-        full = self._c_full[core]
 
         # --- bubble, optimizer, offload (timing.step_time) --------------------------------------
         t_mb = t_f + t_b + t_r
-        sched = self._c_sched[core]
-        p1 = (pp - 1).astype(np.float64)
+        p1 = self._c_p1[core]
+        div = self._c_bubble_div[core]
+
+        def pipeline_bubble(slot: FloatArray) -> FloatArray:
+            """(p − 1)·slot, over v (interleaved) or 3 (ZB-H1); 0 without a pipeline."""
+            return np.asarray(np.where(p1 == 0.0, 0.0, p1 * slot / div))
+
         # Lower bound of the bubble: compute only (the exact bubble below adds communication).
-        bubble = np.where(sched == 1, p1 * t_mb / v, np.where(sched == 2, p1 * t_mb / 3.0, p1 * t_mb))
-        bubble = np.where(pp == 1, 0.0, bubble)
+        bubble = pipeline_bubble(t_mb)
         trained_shard = trainable / np.where(zero >= 1, shard_size, 1)
         update = trained_shard * self._c_update[core]
         off = self._c_off[core]
         optimizer_s = np.where(off == 0, update / bw, 0.0)
-        shard_div = np.maximum(1, shard_size)
-        grads_out = trainable * 2.0 / shard_div
-        has_host = host_bw > 0
-        safe_host = np.where(has_host, host_bw, 1.0)
-        transfer = np.where(has_host, (grads_out + grads_out) / safe_host, 0.0)
-        offload_s = transfer + update / HOST_MEMORY_BYTES_PER_S
-        wts = params_dev * 2.0 / shard_div
-        passes = np.where(full, 3, 2)
-        extra = np.maximum(0.0, mf * passes * wts / safe_host - mf * (t_f + t_b))
-        offload_s = np.where((off == 2) & has_host, offload_s + extra, offload_s)
-        offload_s = np.where(off == 0, 0.0, offload_s)
+        offload_s = np.zeros(n)
+        oi = np.flatnonzero(off != 0)  # the offload terms of the candidates that offload
+        if oi.size:
+            host_bw = col("host_bw")[oi]
+            shard_div = np.maximum(1, shard_size[oi])
+            grads_out = trainable[oi] * 2.0 / shard_div
+            has_host = host_bw > 0
+            safe_host = np.where(has_host, host_bw, 1.0)
+            transfer = np.where(has_host, (grads_out + grads_out) / safe_host, 0.0)
+            off_s = transfer + update[oi] / HOST_MEMORY_BYTES_PER_S
+            wts = params_dev[oi] * 2.0 / shard_div
+            passes = np.where(self._c_full[core[oi]], 3, 2)
+            mo = mf[oi]
+            extra = np.maximum(0.0, mo * passes * wts / safe_host - mo * (t_f[oi] + t_b[oi]))
+            offload_s[oi] = np.where((off[oi] == 2) & has_host, off_s + extra, off_s)
 
         forward_s = mf * t_f
         backward_s = mf * t_b
@@ -1083,117 +1600,89 @@ class BulkEvaluator:
         if bound_only:
             return {"bound": 0 + forward_s + backward_s + recompute_s + bubble + optimizer_s + offload_s}
 
-        a_f, a_b = tt[3][acc, fk], tt[4][acc, fk]
+        tp = self._c_int["tp"][core]
+        pp = self._c_int["pp"][core]
+        ep = self._c_int["ep"][core]
+        v = self._c_int["virtual_stages"][core]
+        full = self._c_full[core]
+        a_f, a_b = (tt[j].reshape(-1)[afk] for j in (3, 4))
         peak_fl = col("peak")
-        dom_cap = col("domain").astype(np.int64)
         price = col("price")
         tdp = col("tdp")
-        up_bw, up_lat, up_eff = col("up_bw"), col("up_lat"), col("up_eff")
-        out_bw, out_lat, out_eff = col("out_bw"), col("out_lat"), col("out_eff")
 
         # --- collectives (comm.step_collectives on comm.group_placement) ----------------------
-        d = np.minimum(dom_cap, devices)
-        out_bw = np.where(np.isnan(out_bw), 1.0, out_bw)
-        net = _Net(up_bw, up_lat, up_eff, out_bw, out_lat, out_eff)
-
-        e = self._c_e[core]
-        w_bytes = BYTES_PER_ELEMENT["nf4"] if self.base.method == "qlora" else e
-        shard = _place(shard_size, tp, d)
+        call = self._collectives(acc, dpi, core)  # per-call times
         mi = m
         zero_f = zero
-        t_dense = self._c_tdense[core]
-        t_expert = self._c_texpert[core]
         dp_colls: list[tuple[FloatArray, str, BoolArray]] = []  # (time, overlap, per-micro-batch)
 
-        def data_parallel(pl: _Placement, param_b: FloatArray, grad_b: FloatArray, active: BoolArray) -> None:
-            on = active & (pl.size > 1)
+        def data_parallel(prefix: str, size: IntArray) -> None:
+            on = size > 1
             one = np.ones(n, dtype=np.int64)
+            rs, ag, ar = call[prefix + "_rs"], call[prefix + "_ag"], call[prefix + "_ar"]
             # zero 0: all-reduce of gradients once per step, behind backward
             z0 = on & (zero_f == 0)
-            dp_colls.append((net.time("all_reduce", grad_b, pl) * 1 * z0, "backward", one >= mi))
+            dp_colls.append((ar * 1 * z0, "backward", one >= mi))
             z12 = on & ((zero_f == 1) | (zero_f == 2))
             rs_calls = np.where(zero_f == 1, 1, mi)
-            dp_colls.append(
-                (net.time("reduce_scatter", grad_b, pl) * rs_calls * z12, "backward", rs_calls >= mi)
-            )
-            dp_colls.append((net.time("all_gather", param_b, pl) * 1 * z12, "none", one >= mi))
+            dp_colls.append((rs * rs_calls * z12, "backward", rs_calls >= mi))
+            dp_colls.append((ag * 1 * z12, "none", one >= mi))
             z3 = on & (zero_f == 3)
-            dp_colls.append((net.time("all_gather", param_b, pl) * mi * z3, "forward", mi >= mi))
-            dp_colls.append((net.time("all_gather", param_b, pl) * mi * z3, "backward", mi >= mi))
-            dp_colls.append((net.time("reduce_scatter", grad_b, pl) * mi * z3, "backward", mi >= mi))
+            dp_colls.append((ag * mi * z3, "forward", mi >= mi))
+            dp_colls.append((ag * mi * z3, "backward", mi >= mi))
+            dp_colls.append((rs * mi * z3, "backward", mi >= mi))
 
-        tpp = (tp * pp).astype(np.float64)
-        data_parallel(
-            shard,
-            self._dense / tpp * w_bytes,
-            t_dense / tpp * e,
-            np.ones(n, dtype=bool),
-        )
+        data_parallel("dp", shard_size)
         if self._expert:
-            xdp = _place(shard_size // ep, tp * ep, d)
-            tppe = (tp * pp * ep).astype(np.float64)
-            data_parallel(xdp, self._expert / tppe * w_bytes, t_expert / tppe * e, np.ones(n, dtype=bool))
+            data_parallel("xdp", shard_size // ep)
 
         model = self.model
-        b = mb.astype(np.float64)
-        s = float(self.base.seq_len)
-        h = float(model.hidden_size)
-        act_b = b * (s / cp) * h * e
         layers = -(-model.num_layers // pp)
-        tp_pl = _place(tp, np.ones(n, dtype=np.int64), d)
-        per_pass = 2 * layers * mi
         sp = self._c_sp[core]
-        tp_on = (tp > 1) & (layers > 0)
-        ag = net.time("all_gather", act_b, tp_pl) * per_pass
-        rs = net.time("reduce_scatter", act_b, tp_pl) * per_pass
-        ar = net.time("all_reduce", act_b, tp_pl) * per_pass
-        # forward, backward (+ re-gather with SP), recompute (full only); summed in that order
         tp_s = np.zeros(n)
-        tp_s = tp_s + np.where(sp, ag, 0.0) + np.where(sp, rs, 0.0) + np.where(sp, 0.0, ar)
-        tp_s = (
-            tp_s
-            + np.where(sp, ag, 0.0)
-            + np.where(sp, rs, 0.0)
-            + np.where(sp, ag, 0.0)
-            + np.where(sp, 0.0, ar)
-        )
-        tp_s = (
-            tp_s + np.where(full & sp, ag, 0.0) + np.where(full & sp, rs, 0.0) + np.where(full & ~sp, ar, 0.0)
-        )
-        tp_s = np.where(tp_on, tp_s, 0.0)
+        if "tp_ag" in call:
+            per_pass = 2 * layers * mi
+            tp_on = (tp > 1) & (layers > 0)
+            ag = call["tp_ag"] * per_pass
+            rs = call["tp_rs"] * per_pass
+            ar = call["tp_ar"] * per_pass
+            ag_sp, rs_sp, ar_no = np.where(sp, ag, 0.0), np.where(sp, rs, 0.0), np.where(sp, 0.0, ar)
+            # forward, backward (+ re-gather with SP), recompute (full only); summed in that order
+            tp_s = tp_s + ag_sp + rs_sp + ar_no
+            tp_s = tp_s + ag_sp + rs_sp + ag_sp + ar_no
+            tp_s = tp_s + np.where(full, ag_sp, 0.0) + np.where(full, rs_sp, 0.0) + np.where(full, ar_no, 0.0)
+            tp_s = np.where(tp_on, tp_s, 0.0)
 
-        pp_pl = _place(pp, tp * cp * dpi, d)
-        pp_s = np.where(pp > 1, net.time("send_recv", act_b / tp, pp_pl) * (2 * v * mi), 0.0)
+        pp_s = np.zeros(n)
+        if "pp" in call:
+            pp_s = np.where(pp > 1, call["pp"] * (2 * v * mi), 0.0)
 
         ep_s = np.zeros(n)
-        if model.moe is not None:
+        if "ep" in call:
             moe_layers = -(-model.num_moe_layers // pp)
-            local_tokens = b * s / cp / np.where(sp, tp, 1)
-            routed = local_tokens * model.moe.top_k * h * e * 1.0
-            ep_pl = _place(ep, tp, d)
-            one_pass = net.time("all_to_all", routed, ep_pl) * (2 * moe_layers * mi)
+            one_pass = call["ep"] * (2 * moe_layers * mi)
             ep_s = np.where(full, one_pass + one_pass + one_pass, one_pass + one_pass)
             ep_s = np.where((ep > 1) & (moe_layers > 0), 0.0 + ep_s, 0.0)
 
-        cp_pl = _place(cp, tp, d)
-        kv_local = np.maximum(model.num_kv_heads / tp, 1.0)
-        kv = 2 * b * (s / cp) * kv_local * model.head_dim * e
-        steps = (cp - 1) * layers * mi
-        cp_fwd = net.time("send_recv", kv, cp_pl) * steps
-        cp_bwd = net.time("send_recv", 2 * kv, cp_pl) * steps
-        cp_bwd = cp_bwd + np.where(self._c_rc_any[core], cp_fwd, 0.0)
-        cp_on = (cp > 1) & (layers > 0)
-        exposed_cp = np.maximum(0.0, cp_fwd - a_f * mf) + np.maximum(0.0, cp_bwd - a_b * mf)
-        exposed_cp = np.where(cp_on, exposed_cp, 0.0)
+        exposed_cp = np.zeros(n)
+        if "cp_fwd" in call:
+            steps = (cp - 1) * layers * mi
+            cp_fwd = call["cp_fwd"] * steps
+            cp_bwd = call["cp_bwd"] * steps
+            cp_bwd = cp_bwd + np.where(self._c_rc_any[core], cp_fwd, 0.0)
+            cp_on = (cp > 1) & (layers > 0)
+            exposed_cp = np.maximum(0.0, cp_fwd - a_f * mf) + np.maximum(0.0, cp_bwd - a_b * mf)
+            exposed_cp = np.where(cp_on, exposed_cp, 0.0)
 
         exposed_dp = np.zeros(n)
+        accumulating = mi > 1
         for phase, window in (("forward", t_f + t_r), ("backward", t_b)):
             per_mb = np.zeros(n)
             per_step_t = np.zeros(n)
             for t, ov, many in dp_colls:
                 if ov != phase:
                     continue
-                is_mb = many & (mi > 1)
+                is_mb = many & accumulating
                 per_mb = per_mb + np.where(is_mb, t, 0.0)
                 per_step_t = per_step_t + np.where(is_mb, 0.0, t)
             exposed_dp = exposed_dp + (
@@ -1207,9 +1696,7 @@ class BulkEvaluator:
 
         # The exact bubble: a pipeline slot holds the stage's compute and its critical-path
         # TP / EP / PP communication (timing.step_time); the bound above used compute alone.
-        t_slot = t_mb + (tp_s + ep_s + pp_s) / mf
-        bubble = np.where(sched == 1, p1 * t_slot / v, np.where(sched == 2, p1 * t_slot / 3.0, p1 * t_slot))
-        bubble = np.where(pp == 1, 0.0, bubble)
+        bubble = pipeline_bubble(t_mb + (tp_s + ep_s + pp_s) / mf)
 
         step_s = (
             0
@@ -1344,16 +1831,13 @@ def _steps(kind: str, g: IntArray) -> IntArray:
     return np.where(g <= 1, 0, s)
 
 
-def _flat(
-    kind: str, nb: FloatArray, g: IntArray, bw: FloatArray, lat: FloatArray, eff: FloatArray
-) -> FloatArray:
-    """``comm._flat_s``: steps·α + bus_factor·n_bytes / (β·efficiency), 0 when nothing moves."""
-    volume = _bus(kind, g) * nb
-    return np.where(volume == 0.0, 0.0, _steps(kind, g) * lat + volume / (bw * eff))
-
-
 class _Net:
-    """``comm.Network.time_s`` on arrays (per-candidate link figures)."""
+    """``comm.Network.time_s`` on arrays (per-candidate link figures).
+
+    What depends only on a group's placement (its links, the outer rank count, the bus factors
+    and step latencies of each level) is computed once per placement and reused by every
+    collective on it; the arithmetic per element is the scalar function's, in its order.
+    """
 
     def __init__(
         self,
@@ -1366,21 +1850,48 @@ class _Net:
     ) -> None:
         self.up = (up_bw, up_lat, up_eff)
         self.out = (out_bw, out_lat, out_eff)
+        # per placement; the placement is kept in the entry so that its id is not reused
+        self._memo: dict[tuple[object, ...], tuple[Any, ...]] = {}
+
+    def _links(self, pl: _Placement) -> tuple[Any, ...]:
+        """(outer rank count, the outer link, the link of a one-level group, no traffic)."""
+        key = ("links", id(pl))
+        got = self._memo.get(key)
+        if got is None:
+            on_up = pl.level == 1
+            out = tuple(np.where(on_up, u, o) for u, o in zip(self.up, self.out, strict=True))
+            n_o = -(-pl.size // pl.n_local)
+            one = tuple(np.where(n_o == 1, u, o) for u, o in zip(self.up, out, strict=True))
+            got = self._memo[key] = (n_o, out, one, pl.level == 0, pl)
+        return got
+
+    def _flat(self, kind: str, n_bytes: FloatArray, pl: _Placement, level: str) -> FloatArray:
+        """``comm._flat_s`` (steps·α + bus_factor·n_bytes / (β·efficiency), 0 when nothing moves)
+        over the ranks of one domain (``level`` "local": n_local ranks on the
+        scale-up link), across domains ("outer": the outer rank count on the outer link) or over
+        the whole group on one link ("one")."""
+        key = (kind == "all_reduce", level, id(pl))
+        got = self._memo.get(key)
+        if got is None:
+            n_o, out, one, _, _ = self._links(pl)
+            g, (bw, lat, eff) = {"local": (pl.n_local, self.up), "outer": (n_o, out), "one": (pl.size, one)}[
+                level
+            ]
+            got = self._memo[key] = (_bus(kind, g), _steps(kind, g) * lat, bw * eff, pl)
+        bus, steps_lat, bw_eff, _ = got
+        volume = bus * n_bytes
+        return np.asarray(np.where(volume == 0.0, 0.0, steps_lat + volume / bw_eff))
 
     def time(self, kind: str, n_bytes: FloatArray, pl: _Placement) -> FloatArray:
-        n_bytes = np.asarray(n_bytes, dtype=np.float64) * np.ones(pl.size.shape)
-        on_up = pl.level == 1
+        n_bytes = np.broadcast_to(np.asarray(n_bytes, dtype=np.float64), pl.size.shape)
+        n_o, out, one, silent, _ = self._links(pl)
         up = self.up
-        out = tuple(np.where(on_up, u, o) for u, o in zip(self.up, self.out, strict=True))
         g = pl.size
         n_l = pl.n_local
-        n_o = -(-g // n_l)
         if kind == "send_recv":
-            lv = tuple(np.where(n_o == 1, u, o) for u, o in zip(up, out, strict=True))
-            t = np.where(n_bytes == 0.0, 0.0, 1 * lv[1] + n_bytes / (lv[0] * lv[2]))
+            t = np.where(n_bytes == 0.0, 0.0, 1 * one[1] + n_bytes / (one[0] * one[2]))
         elif kind == "all_to_all":
-            lv = tuple(np.where(n_o == 1, u, o) for u, o in zip(up, out, strict=True))
-            flat = _flat(kind, n_bytes, g, *lv)
+            flat = self._flat(kind, n_bytes, pl, "one")
             gf = g.astype(np.float64)
             intra = (n_l - 1) / gf * n_bytes / (up[0] * up[2])
             inter = (g - n_l) / gf * n_bytes / (out[0] * out[2])
@@ -1389,23 +1900,23 @@ class _Net:
         else:
             shard = n_bytes / n_l
             if kind == "reduce_scatter":
-                t = _flat("reduce_scatter", n_bytes, n_l, *up) + _flat("reduce_scatter", shard, n_o, *out)
+                t = self._flat(kind, n_bytes, pl, "local") + self._flat(kind, shard, pl, "outer")
             elif kind == "all_gather":
-                t = _flat("all_gather", shard, n_o, *out) + _flat("all_gather", n_bytes, n_l, *up)
+                t = self._flat(kind, shard, pl, "outer") + self._flat(kind, n_bytes, pl, "local")
             else:
-                t = (
-                    _flat("reduce_scatter", n_bytes, n_l, *up)
-                    + _flat("all_reduce", shard, n_o, *out)
-                    + _flat("all_gather", n_bytes, n_l, *up)
-                )
-        return np.asarray(np.where((pl.level == 0) | (n_bytes == 0.0), 0.0, t))
+                # reduce-scatter and all-gather within the domain move the same bytes: one value
+                local = self._flat("reduce_scatter", n_bytes, pl, "local")
+                t = local + self._flat("all_reduce", shard, pl, "outer") + local
+        return np.asarray(np.where(silent | (n_bytes == 0.0), 0.0, t))
 
 
 __all__ = [
     "INVALID_REASONS",
+    "TIME_FIELDS",
     "BulkEvaluator",
     "BulkResult",
     "Candidates",
     "Core",
+    "Segments",
     "accel_constants",
 ]

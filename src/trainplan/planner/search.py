@@ -19,9 +19,10 @@ Method (docs/plan.md):
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Final, Literal
 
 import numpy as np
@@ -35,10 +36,12 @@ from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.bulk import (
     INVALID_REASONS,
+    VALID,
     BulkEvaluator,
     BulkResult,
     Candidates,
     Core,
+    Segments,
 )
 from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, Offload, Precision, Recipe, Recompute
 from trainplan.units import fmt_bytes, fmt_duration
@@ -246,6 +249,20 @@ def enumerate_cores(
     eps = [1]
     if model.moe is not None:
         eps = [e for e in _pow2_upto(min(64, model.moe.num_experts)) if model.moe.num_experts % e == 0]
+    # The recipe choices are valid or not whatever the layout: checked once each.
+    choices: list[dict[str, object]] = []
+    recipe_invalid: dict[str, int] = {}
+    for mb in space.micro_batches:
+        for rc in space.recomputes:
+            for off in space.offloads:
+                for prec in space.precisions:
+                    try:
+                        replace(base, micro_batch=mb, recompute=rc, offload=off, precision=prec)
+                    except TrainplanError as err:
+                        k = f"recipe: {err.field}"
+                        recipe_invalid[k] = recipe_invalid.get(k, 0) + 1
+                        continue
+                    choices.append({"micro_batch": mb, "recompute": rc, "offload": off, "precision": prec})
     for tp in tps:
         for pp in pps:
             for cp in cps:
@@ -276,38 +293,13 @@ def enumerate_cores(
                             except TrainplanError as err:
                                 invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
                                 continue
-                            for mb in space.micro_batches:
-                                for rc in space.recomputes:
-                                    for off in space.offloads:
-                                        for prec in space.precisions:
-                                            try:
-                                                replace(
-                                                    base,
-                                                    micro_batch=mb,
-                                                    recompute=rc,
-                                                    offload=off,
-                                                    precision=prec,
-                                                )
-                                            except TrainplanError as err:
-                                                k = f"recipe: {err.field}"
-                                                invalid[k] = invalid.get(k, 0) + 1
-                                                continue
-                                            cores.append(
-                                                Core(
-                                                    tp=tp,
-                                                    pp=pp,
-                                                    cp=cp,
-                                                    ep=ep,
-                                                    sequence_parallel=sp,
-                                                    micro_batch=mb,
-                                                    recompute=rc,
-                                                    offload=off,
-                                                    precision=prec,
-                                                    pp_schedule=sched,  # type: ignore[arg-type]
-                                                    virtual_stages=v,
-                                                )
-                                            )
-    cores.sort()
+                            for k, count in recipe_invalid.items():
+                                invalid[k] = invalid.get(k, 0) + count
+                            shared: dict[str, object] = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
+                            shared |= {"sequence_parallel": sp, "pp_schedule": sched, "virtual_stages": v}
+                            cores += [Core.of_valid(shared | choice) for choice in choices]
+    # the order of Core's comparison (its fields in turn), by key rather than by comparisons
+    cores.sort(key=operator.attrgetter(*(f.name for f in fields(Core))))
     return cores, invalid
 
 
@@ -328,28 +320,38 @@ def enumerate_candidates(
     skipped: dict[str, str],
     global_batch: int | None = None,
 ) -> Candidates:
-    """Cartesian product accelerator × device count × core × ZeRO stage, built with numpy."""
-    tp = np.array([c.tp for c in cores], dtype=np.int64)
-    mp = np.array([c.tp * c.pp * c.cp for c in cores], dtype=np.int64)
-    cp = np.array([c.cp for c in cores], dtype=np.int64)
-    ep = np.array([c.ep for c in cores], dtype=np.int64)
-    off = np.array([c.offload for c in cores])
-    prec = np.array([c.precision for c in cores])
+    """Cartesian product accelerator × device count × core × ZeRO stage, built with numpy.
+
+    The candidates of one device count depend on the accelerator only through its scale-up
+    domain (tp <= domain) and the precisions it supports: each such block of (dp, zero, core) rows
+    is built once and shared by the accelerators that have it (``Segments``), in order; domains
+    at least as large as the largest tp searched give the same block.
+    """
+    precs = sorted({c.precision for c in cores})
+    prec_code = {p: i for i, p in enumerate(precs)}
+    off_code = {o: i for i, o in enumerate(OFFLOADS)}
+    tab = np.array(
+        [
+            (c.tp, c.tp * c.pp * c.cp, c.cp, c.ep, off_code[c.offload], prec_code[c.precision], c.micro_batch)
+            for c in cores
+        ],
+        dtype=np.int64,
+    ).reshape(len(cores), 7)
+    tp, mp, cp, ep, off, prec, mbs = (np.ascontiguousarray(tab[:, j]) for j in range(7))
+    tp_max = int(tp.max(initial=1))
+    off_none, off_params = off_code["none"], off_code["optimizer+params"]
     zeros = np.array(space.zero_stages, dtype=np.int64)
-    mbs = np.array([c.micro_batch for c in cores], dtype=np.int64)
     gb = global_batch or 0
-    parts: list[tuple[npt.NDArray[np.int64], ...]] = []
-    # The candidates of one device count depend on the accelerator only through its scale-up
-    # domain (tp <= domain) and the precisions it supports: built once per such key, in order.
-    built: dict[
-        tuple[int, int, tuple[str, ...]], tuple[tuple[npt.NDArray[np.int64], ...], dict[str, int]]
-    ] = {}
+    blocks: list[tuple[npt.NDArray[np.int64], ...]] = []
+    # block id (-1: empty) and drop counts per (device count, domain, supported precisions)
+    built: dict[tuple[int, int, tuple[str, ...]], tuple[int, dict[str, int]]] = {}
 
     def _count_block(
         n: int, dom: int, allowed: set[str]
     ) -> tuple[tuple[npt.NDArray[np.int64], ...], dict[str, int]]:
         drops: dict[str, int] = {}
-        sel = (tp <= dom) & (n % mp == 0) & np.isin(prec, list(allowed))
+        ok_prec = np.array([p in allowed for p in precs], dtype=bool)
+        sel = (tp <= dom) & (n % mp == 0) & ok_prec[prec]
         idx = np.nonzero(sel)[0]
         if idx.size == 0:
             e = np.zeros(0, dtype=np.int64)
@@ -362,7 +364,7 @@ def enumerate_candidates(
         keep = shard % ep[ci] == 0
         drops["ep does not divide dp·cp"] = int((~keep).sum())
         offz = off[ci]
-        need_zero = ((offz != "none") & (zi == 0)) | ((offz == "optimizer+params") & (zi != 3))
+        need_zero = ((offz != off_none) & (zi == 0)) | ((offz == off_params) & (zi != 3))
         drops["invalid: CPU offload needs ZeRO >= 1 (parameters: ZeRO 3)"] = int((keep & need_zero).sum())
         keep &= ~need_zero
         if gb:
@@ -370,39 +372,58 @@ def enumerate_candidates(
             drops["invalid: global batch is not a multiple of dp·micro_batch"] = int((keep & bad_gb).sum())
             keep &= ~bad_gb
         dup2 = (shard == 1) & (zi == 2)
-        dup1 = (shard == 1) & (zi == 1) & (offz == "none")
+        dup1 = (shard == 1) & (zi == 1) & (offz == off_none)
         k = "duplicate: ZeRO 1/2 with dp·cp = 1 equal ZeRO 1/0 (nothing to shard)"
         drops[k] = int((keep & (dup1 | dup2)).sum())
         keep &= ~(dup1 | dup2)
         return (dpi[keep], zi[keep], ci[keep]), drops
 
+    seg_acc: list[int] = []
+    seg_devices: list[int] = []
+    seg_block: list[int] = []
+    seg_len: list[int] = []
     for a, acc in enumerate(accelerators):
-        ok_prec = np.array([_precision_ok(acc, str(p)) for p in np.unique(prec)])
-        allowed = set(np.unique(prec)[ok_prec].tolist())
+        allowed: set[str] = {p for p in precs if _precision_ok(acc, p)}
         if not allowed:
             skipped[acc.name] = (
-                f"supports none of the precisions searched ({', '.join(sorted(set(prec.tolist())))}); "
+                f"supports none of the precisions searched ({', '.join(precs)}); "
                 f"it has {', '.join(acc.supported_dtypes)}"
             )
             continue
         counts = space.device_counts or device_ladder(acc, space.max_devices)
         for n in counts:
-            dom = min(acc.scale_up.domain_size, n)
+            # only tp <= domain depends on the domain: domains above the largest tp give one block
+            dom = min(acc.scale_up.domain_size, n, tp_max)
             ck = (n, dom, tuple(sorted(allowed)))
             if ck not in built:
-                built[ck] = _count_block(n, dom, allowed)
-            blk, drops = built[ck]
+                blk, drops = _count_block(n, dom, allowed)
+                built[ck] = (len(blocks) if blk[0].size else -1, drops)
+                if blk[0].size:
+                    blocks.append(blk)
+            b, drops = built[ck]
             for k, v in drops.items():
                 pruned[k] = pruned.get(k, 0) + v
-            m = blk[0].size
-            if m == 0:
+            if b < 0:
                 continue
-            parts.append((np.full(m, a, dtype=np.int64), np.full(m, n, dtype=np.int64), *blk))
-    if not parts:
-        e = np.zeros(0, dtype=np.int64)
-        return Candidates(acc=e, devices=e, dp=e, zero=e, core=e)
-    cols = [np.concatenate([p[i] for p in parts]) for i in range(5)]
-    return Candidates(acc=cols[0], devices=cols[1], dp=cols[2], zero=cols[3], core=cols[4])
+            seg_acc.append(a)
+            seg_devices.append(n)
+            seg_block.append(b)
+            seg_len.append(int(blocks[b][0].size))
+    e = np.zeros(0, dtype=np.int64)
+    rows = [np.concatenate([blk[i] for blk in blocks]) if blocks else e for i in range(3)]
+    block_start = np.cumsum([0, *(int(blk[0].size) for blk in blocks)], dtype=np.int64)
+    return Candidates(
+        segments=Segments(
+            acc=np.array(seg_acc, dtype=np.int64),
+            devices=np.array(seg_devices, dtype=np.int64),
+            start=np.cumsum([0, *seg_len[:-1]], dtype=np.int64) if seg_len else e,
+            block=np.array(seg_block, dtype=np.int64),
+            block_start=block_start,
+            dp=rows[0],
+            zero=rows[1],
+            core=rows[2],
+        )
+    )
 
 
 # --- the planner ------------------------------------------------------------------------------
@@ -431,16 +452,14 @@ class _Context:
 
 def _scalar(ctx: _Context, i: int) -> Estimate:
     """The scalar estimate of candidate ``i`` (the planner's answer is always this one)."""
-    c = ctx.cand
-    core = ctx.cores[int(c.core[i])]
-    acc = ctx.accs[int(c.acc[i])]
-    price = ctx.prices[int(c.acc[i])]
+    a, n, dp, zero, c = ctx.cand.at(i)
+    core = ctx.cores[c]
     return estimate(
-        System(accelerator=acc, num_devices=int(c.devices[i])),
+        System(accelerator=ctx.accs[a], num_devices=n),
         ctx.model,
         core.recipe(ctx.base),
-        core.layout(int(c.dp[i]), int(c.zero[i])),
-        price_usd_per_device_hour=price,
+        core.layout(dp, zero),
+        price_usd_per_device_hour=ctx.prices[a],
         provider=None,
         pue=ctx.pue,
     )
@@ -451,10 +470,12 @@ def candidate_estimate(ctx: _Context, i: int) -> Estimate:
 
 
 def _objective_values(
-    res: BulkResult, idx: npt.NDArray[np.int64], objective: Objective
+    time_s: npt.NDArray[np.float64],
+    step_s: npt.NDArray[np.float64],
+    c: npt.NDArray[np.float64],
+    objective: Objective,
 ) -> npt.NDArray[np.float64]:
-    t = res.time_s[idx] if not np.all(np.isnan(res.time_s[idx])) else res.step_s[idx]
-    c = res.cost_usd[idx]
+    t = time_s if not np.all(np.isnan(time_s)) else step_s
     if objective == "time":
         return np.asarray(t)
     if objective == "cost":
@@ -518,20 +539,46 @@ def _binds(est: Estimate) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Figures:
+    """Bulk figures of the representatives, by candidate index."""
+
+    acc: dict[int, int]
+    devices: dict[int, int]
+    step_s: dict[int, float]
+    time_s: dict[int, float]
+    cost_usd: dict[int, float]
+
+
 class _Planner:
-    def __init__(self, ctx: _Context, feasible: npt.NDArray[np.bool_]) -> None:
+    def __init__(self, ctx: _Context) -> None:
         self.ctx = ctx
-        self.feasible = feasible
         res, cand = ctx.res, ctx.cand
-        # representatives: fastest feasible layout per (accelerator, devices), deterministic ties
-        idx = np.nonzero(feasible)[0]
-        order = np.lexsort((idx, cand.zero[idx], cand.core[idx], res.per_device_bytes[idx], res.step_s[idx]))
-        idx = idx[order]
-        group = cand.acc[idx] * (1 << 32) + cand.devices[idx]
-        _, first = np.unique(group, return_index=True)
-        reps = idx[np.sort(first)].tolist()
+        # representatives: fastest feasible layout per (accelerator, devices), ties broken by
+        # memory, core, ZeRO stage, index (the first of a sort by step time and those keys)
+        idx = res.timed
+        step = res.times["step_s"]
+        fc = cand.take(idx)
+        group = fc.acc * (1 << 32) + fc.devices
+        _, gid = np.unique(group, return_inverse=True)
+        best = np.full(int(gid.max(initial=-1)) + 1, np.inf)
+        np.fmin.at(best, gid, step)
+        tied = np.flatnonzero(step == best[gid])
+        per_device = res.memory_at("per_device", idx[tied])
+        order = np.lexsort((idx[tied], fc.zero[tied], fc.core[tied], per_device, step[tied]))
+        tied = tied[order]
+        _, first = np.unique(group[tied], return_index=True)
+        pos = tied[np.sort(first)]
+        reps = idx[pos].tolist()
         self.reps = np.array(reps, dtype=np.int64)
-        self.rep_of = {(int(cand.acc[i]), int(cand.devices[i])): i for i in reps}
+        self.fig = _Figures(
+            acc=dict(zip(reps, fc.acc[pos].tolist(), strict=True)),
+            devices=dict(zip(reps, fc.devices[pos].tolist(), strict=True)),
+            step_s=dict(zip(reps, step[pos].tolist(), strict=True)),
+            time_s=dict(zip(reps, res.times["time_s"][pos].tolist(), strict=True)),
+            cost_usd=dict(zip(reps, res.times["cost_usd"][pos].tolist(), strict=True)),
+        )
+        self.rep_of = {(self.fig.acc[i], self.fig.devices[i]): i for i in reps}
         self._est: dict[int, Estimate] = {}
         self._counts: dict[int, list[int]] = {}
 
@@ -542,34 +589,31 @@ class _Planner:
         return self._est[i]
 
     def label(self, i: int) -> str:
-        c = self.ctx.cand
-        return f"{int(c.devices[i])}×{self.ctx.accs[int(c.acc[i])].name}"
+        a, n, *_ = self.ctx.cand.at(i)
+        return f"{n}×{self.ctx.accs[a].name}"
 
     def sort_key(self, i: int, objective: Objective, values: Mapping[int, float]) -> tuple[object, ...]:
-        r, c = self.ctx.res, self.ctx.cand
-        cost = float(r.cost_usd[i])
+        r = self.fig
+        cost = r.cost_usd[i]
         return (
             values[i],
-            float(r.step_s[i]) if np.isnan(r.time_s[i]) else float(r.time_s[i]),
+            r.step_s[i] if math.isnan(r.time_s[i]) else r.time_s[i],
             math.inf if math.isnan(cost) else cost,
-            self.ctx.accs[int(c.acc[i])].name,
-            int(c.devices[i]),
+            self.ctx.accs[r.acc[i]].name,
+            r.devices[i],
         )
 
     def counts_of(self, a: int) -> list[int]:
         got = self._counts.get(a)
         if got is None:
-            got = np.unique(self.ctx.cand.devices[self.ctx.cand.acc == a]).tolist()
+            seg = self.ctx.cand.segments
+            got = np.unique(seg.devices[seg.acc == a]).tolist()
             self._counts[a] = got
         return got
 
     def leanest(self, a: int, n: int) -> int | None:
         """The valid candidate with the least memory per device at (accelerator, devices)."""
-        c, r = self.ctx.cand, self.ctx.res
-        sel = np.nonzero((c.acc == a) & (c.devices == n) & r.valid)[0]
-        if sel.size == 0:
-            return None
-        return int(sel[np.lexsort((sel, r.per_device_bytes[sel]))[0]])
+        return self.ctx.res.leanest(a, n)
 
     def why_not_fit(self, a: int, n: int) -> str | None:
         i = self.leanest(a, n)
@@ -588,11 +632,11 @@ class _Planner:
 
     def compare_line(self, i: int, j: int) -> str:
         """Why plan j loses against plan i (or what it trades)."""
-        r = self.ctx.res
-        ti, tj = float(r.time_s[i]), float(r.time_s[j])
+        r = self.fig
+        ti, tj = r.time_s[i], r.time_s[j]
         if math.isnan(ti):
-            ti, tj = float(r.step_s[i]), float(r.step_s[j])
-        ci, cj = float(r.cost_usd[i]), float(r.cost_usd[j])
+            ti, tj = r.step_s[i], r.step_s[j]
+        ci, cj = r.cost_usd[i], r.cost_usd[j]
         speed = f"{tj / ti:.2f}× the time" if tj >= ti else f"{ti / tj:.2f}× faster"
         if math.isnan(cj):
             money = "no price known"
@@ -605,13 +649,11 @@ class _Planner:
         return f"{self.label(j)} ({self.est_layout(j)}): {speed}, {money}"
 
     def est_layout(self, j: int) -> str:
-        c = self.ctx.cand
-        core = self.ctx.cores[int(c.core[j])]
-        return core.layout(int(c.dp[j]), int(c.zero[j])).describe()
+        *_, dp, zero, c = self.ctx.cand.at(j)
+        return self.ctx.cores[c].layout(dp, zero).describe()
 
     def alternatives(self, i: int, ranked: Sequence[int]) -> list[str]:
-        c = self.ctx.cand
-        a, n = int(c.acc[i]), int(c.devices[i])
+        a, n = self.fig.acc[i], self.fig.devices[i]
         acc = self.ctx.accs[a]
         out: list[str] = []
         counts = self.counts_of(a)
@@ -632,7 +674,7 @@ class _Planner:
             if j is not None:
                 out.append("more devices — " + self.compare_line(i, j))
         for j in ranked:
-            if int(c.acc[j]) != a:
+            if self.fig.acc[j] != a:
                 out.append("other hardware — " + self.compare_line(i, j))
                 break
         return out
@@ -722,7 +764,6 @@ def plan(
         cand=cand,
         res=res,
     )
-    feasible = res.feasible
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
     pruned[k_dom] = int(res.dominated.sum())
     k_slow = (
@@ -731,22 +772,30 @@ def plan(
     )
     pruned[k_slow] = int(res.slower.sum())
     invalid: dict[str, int] = dict(invalid_cores)
+    counts = res.counts()
     for code, text in INVALID_REASONS.items():
-        k = int((res.invalid == code).sum())
+        k = counts[code]
         if k:
             invalid[text] = k
-    pl = _Planner(ctx, feasible)
+    pl = _Planner(ctx)
     reps = pl.reps
+    fig = pl.fig
     # minimum devices per accelerator
     min_devices: dict[str, int | None] = {}
     for a, acc in enumerate(accs):
         if acc.name in skipped:
             continue
-        ns = [int(cand.devices[i]) for i in reps.tolist() if int(cand.acc[i]) == a]
+        ns = [fig.devices[i] for i in reps.tolist() if fig.acc[i] == a]
         min_devices[acc.name] = min(ns) if ns else None
 
     rep_list = reps.tolist()
-    values = dict(zip(rep_list, _objective_values(res, reps, objective).tolist(), strict=True))
+    rep_values = _objective_values(
+        np.array([fig.time_s[i] for i in rep_list]),
+        np.array([fig.step_s[i] for i in rep_list]),
+        np.array([fig.cost_usd[i] for i in rep_list]),
+        objective,
+    )
+    values = dict(zip(rep_list, rep_values.tolist(), strict=True))
 
     def ranked_of(ids: Sequence[int]) -> list[int]:
         return sorted(ids, key=lambda i: pl.sort_key(i, objective, values))
@@ -756,37 +805,37 @@ def plan(
     failures: list[str] = []
     ok = list(ranked_all)
     if budget_usd is not None:
-        ok = [i for i in ok if not math.isnan(res.cost_usd[i]) and res.cost_usd[i] <= budget_usd]
+        ok = [i for i in ok if not math.isnan(fig.cost_usd[i]) and fig.cost_usd[i] <= budget_usd]
     if deadline_h is not None:
-        ok = [i for i in ok if res.time_s[i] <= deadline_h * 3600.0]
+        ok = [i for i in ok if fig.time_s[i] <= deadline_h * 3600.0]
     met = bool(ok) or (budget_usd is None and deadline_h is None)
     closest_i: int | None = None
     if not met:
-        priced = [i for i in ranked_all if not math.isnan(res.cost_usd[i])]
+        priced = [i for i in ranked_all if not math.isnan(fig.cost_usd[i])]
         if budget_usd is not None:
             if priced:
-                j = min(priced, key=lambda i: (float(res.cost_usd[i]), float(res.time_s[i]), i))
-                over = float(res.cost_usd[j]) - budget_usd
+                j = min(priced, key=lambda i: (float(fig.cost_usd[i]), float(fig.time_s[i]), i))
+                over = float(fig.cost_usd[j]) - budget_usd
                 if over > 0:
                     failures.append(
                         f"budget {_fmt_usd(budget_usd)} cannot be met: the cheapest feasible plan, {pl.label(j)}, "
-                        f"costs {_fmt_usd(float(res.cost_usd[j]))} — {_fmt_usd(over)} ({100 * over / budget_usd:.0f}%) over"
+                        f"costs {_fmt_usd(float(fig.cost_usd[j]))} — {_fmt_usd(over)} ({100 * over / budget_usd:.0f}%) over"
                     )
             else:
                 failures.append(
                     f"budget {_fmt_usd(budget_usd)}: no feasible plan has a known price (use --price)"
                 )
         if deadline_h is not None and ranked_all:
-            j = min(ranked_all, key=lambda i: (float(res.time_s[i]), i))
-            over_h = float(res.time_s[j]) / 3600.0 - deadline_h
+            j = min(ranked_all, key=lambda i: (float(fig.time_s[i]), i))
+            over_h = float(fig.time_s[j]) / 3600.0 - deadline_h
             if over_h > 0:
                 failures.append(
                     f"deadline {deadline_h:g} h cannot be met: the fastest feasible plan, {pl.label(j)}, takes "
-                    f"{float(res.time_s[j]) / 3600.0:,.1f} h — {over_h:,.1f} h ({100 * over_h / deadline_h:.0f}%) over"
+                    f"{float(fig.time_s[j]) / 3600.0:,.1f} h — {over_h:,.1f} h ({100 * over_h / deadline_h:.0f}%) over"
                 )
         if budget_usd is not None and deadline_h is not None and not failures:
             # each alone can be met, not both together
-            j1 = min(priced, key=lambda i: (float(res.cost_usd[i]), i)) if priced else None
+            j1 = min(priced, key=lambda i: (float(fig.cost_usd[i]), i)) if priced else None
             failures.append(
                 "budget and deadline cannot both be met: every plan within the deadline costs more than "
                 f"{_fmt_usd(budget_usd)} and every plan within budget takes longer than {deadline_h:g} h"
@@ -796,10 +845,10 @@ def plan(
         def violation(i: int) -> float:
             v = 0.0
             if budget_usd is not None:
-                c = float(res.cost_usd[i])
+                c = float(fig.cost_usd[i])
                 v = max(v, math.inf if math.isnan(c) else c / budget_usd)
             if deadline_h is not None:
-                v = max(v, float(res.time_s[i]) / (deadline_h * 3600.0))
+                v = max(v, float(fig.time_s[i]) / (deadline_h * 3600.0))
             return v
 
         if ranked_all:
@@ -814,24 +863,24 @@ def plan(
         fi = min(
             pool,
             key=lambda i: (
-                float(res.step_s[i]) if np.isnan(res.time_s[i]) else float(res.time_s[i]),
+                float(fig.step_s[i]) if np.isnan(fig.time_s[i]) else float(fig.time_s[i]),
                 pl.sort_key(i, "time", values),
             ),
         )
         fastest = pl.plan(fi, ranked_all.index(fi) + 1, ranked_all)
-        priced = [i for i in pool if not math.isnan(res.cost_usd[i])]
+        priced = [i for i in pool if not math.isnan(fig.cost_usd[i])]
         if priced:
-            ci = min(priced, key=lambda i: (float(res.cost_usd[i]), pl.sort_key(i, "cost", values)))
+            ci = min(priced, key=lambda i: (float(fig.cost_usd[i]), pl.sort_key(i, "cost", values)))
             cheapest = pl.plan(ci, ranked_all.index(ci) + 1, ranked_all)
             front: list[int] = []
             best_cost = math.inf
             for i in sorted(
                 priced,
-                key=lambda i: (float(res.time_s[i]), float(res.cost_usd[i]), pl.sort_key(i, "time", values)),
+                key=lambda i: (float(fig.time_s[i]), float(fig.cost_usd[i]), pl.sort_key(i, "time", values)),
             ):
-                if float(res.cost_usd[i]) < best_cost:
+                if float(fig.cost_usd[i]) < best_cost:
                     front.append(i)
-                    best_cost = float(res.cost_usd[i])
+                    best_cost = float(fig.cost_usd[i])
             pareto = [pl.plan(i, ranked_all.index(i) + 1, ranked_all) for i in front]
     closest = None if closest_i is None else pl.plan(closest_i, ranked_all.index(closest_i) + 1, ranked_all)
     per_acc: list[AcceleratorBest] = []
@@ -840,7 +889,7 @@ def plan(
             if acc.name in skipped:
                 per_acc.append(AcceleratorBest(hardware=acc.name, plan=None, reason=skipped[acc.name]))
                 continue
-            mine = [i for i in ranked_all if int(cand.acc[i]) == a]
+            mine = [i for i in ranked_all if fig.acc[i] == a]
             if mine:
                 i = mine[0]
                 per_acc.append(
@@ -849,8 +898,8 @@ def plan(
                     )
                 )
                 continue
-            counts = pl.counts_of(a)
-            why = pl.why_not_fit(a, counts[-1]) if counts else None
+            ladder = pl.counts_of(a)
+            why = pl.why_not_fit(a, ladder[-1]) if ladder else None
             per_acc.append(
                 AcceleratorBest(
                     hardware=acc.name,
@@ -865,9 +914,9 @@ def plan(
         )
     stats = SearchStats(
         candidates=len(cand),
-        valid=int(res.valid.sum()),
-        feasible=int(feasible.sum()),
-        does_not_fit=int((res.valid & ~res.fits).sum()),
+        valid=counts[VALID],
+        feasible=int(res.timed.size),
+        does_not_fit=counts[VALID] - int(res.fits.sum()),
         pruned={k: v for k, v in sorted(pruned.items()) if v},
         invalid=dict(sorted(invalid.items())),
         skipped_accelerators=skipped,
