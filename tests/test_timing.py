@@ -285,3 +285,31 @@ def test_overlap_options_are_validated() -> None:
         Layout(tp=2, tp_comm_overlap=True)
     with pytest.raises(LayoutError, match="pp > 1"):
         Layout(dp=2, pp_comm_overlap=True)
+
+
+def test_low_precision_recipes_keep_attention_and_lm_head_at_the_activation_dtype() -> None:
+    """FP8 / FP4 recipes quantize the block's linear layers only: FlashAttention and the LM head
+    stay BF16, so they are charged the BF16 peak (and the BF16 large-GEMM efficiency)."""
+    from trainplan.efficiency import get_efficiency
+    from trainplan.flops import device_flops
+    from trainplan.timing import recipe_peaks
+
+    h100 = get_accelerator("h100-sxm")
+    eff = get_efficiency("h100-sxm")
+    bf16, fp8 = Recipe(seq_len=8192), Recipe(seq_len=8192, precision="fp8")
+    p16, p8 = recipe_peaks(h100, bf16, eff), recipe_peaks(h100, fp8, eff)
+    assert p16.peak == p16.peak_hp == p16.peak_attn == h100.peak_flops_per_s("bf16")
+    assert p8.peak == h100.peak_flops_per_s("fp8") > 1.9 * p8.peak_attn
+    assert p8.peak_attn == h100.peak_flops_per_s("bf16")
+    assert p8.peak_hp == pytest.approx(p8.peak_attn * eff.gemm_max("bf16") / eff.gemm_max("fp8"))
+    # The LM head is the only GEMM kept in BF16, and only on the last stage.
+    model = load_model("llama-3.1-8b")
+    (stage,) = device_flops(model, fp8, Layout())
+    head = 2 * 8192 * model.hidden_size * model.vocab_size
+    assert stage.forward.hp_gemm_flops == head and stage.backward.hp_gemm_flops == 2 * head
+    # Attention time does not shrink with FP8: the forward pass saves at most the GEMM share.
+    t16 = est("h100-sxm", 1, Layout(), bf16).time
+    t8 = est("h100-sxm", 1, Layout(), fp8).time
+    attn_s = stage.forward.attention_flops / (p8.peak_attn * p8.eta_attn) / t8.kappa
+    assert t8.forward_s > attn_s and t16.forward_s > attn_s
+    assert t16.step_s / t8.step_s < 2 * eff.gemm_max("fp8") / eff.gemm_max("bf16")

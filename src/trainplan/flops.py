@@ -483,11 +483,19 @@ def optimizer_update_bytes(trained_params: float, recipe: Recipe) -> float:
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class PassCost:
-    """One pass (forward, backward or recompute): GEMM FLOPs, attention-core FLOPs, memory-bound bytes."""
+    """One pass (forward, backward or recompute): GEMM FLOPs, attention-core FLOPs, memory-bound bytes.
+
+    ``hp_gemm_flops`` is the part of ``gemm_flops`` that an FP8 / FP4 recipe still runs at the
+    activation precision (BF16): the LM head. Megatron-Core's output layer is a plain
+    ``ColumnParallelLinear``, not a Transformer Engine FP8 module (Megatron Bridge's performance
+    guide: FP8 "exclusively to the linear layers within the Transformer block"), and torchtitan's
+    float8 converter skips ``output`` (``torchtitan/components/quantization/float8.py``).
+    """
 
     gemm_flops: float = 0.0
     attention_flops: float = 0.0
     memory_bytes: float = 0.0
+    hp_gemm_flops: float = 0.0
 
     @property
     def flops(self) -> float:
@@ -498,6 +506,7 @@ class PassCost:
             gemm_flops=self.gemm_flops + other.gemm_flops,
             attention_flops=self.attention_flops + other.attention_flops,
             memory_bytes=self.memory_bytes + other.memory_bytes,
+            hp_gemm_flops=self.hp_gemm_flops + other.hp_gemm_flops,
         )
 
     def scaled(self, factor: float) -> PassCost:
@@ -505,6 +514,7 @@ class PassCost:
             gemm_flops=self.gemm_flops * factor,
             attention_flops=self.attention_flops * factor,
             memory_bytes=self.memory_bytes * factor,
+            hp_gemm_flops=self.hp_gemm_flops * factor,
         )
 
 
@@ -599,7 +609,9 @@ def _layer_passes(
 
 
 @functools.lru_cache(maxsize=4096)
-def _kind_counts(spec: ModelSpec, layers: tuple[int, ...], peft: bool) -> dict[tuple[bool, bool], tuple[int, int]]:
+def _kind_counts(
+    spec: ModelSpec, layers: tuple[int, ...], peft: bool
+) -> dict[tuple[bool, bool], tuple[int, int]]:
     """{(MoE?, first layer under PEFT?): (representative layer, count)} over ``layers``.
 
     The first layer under PEFT is its own kind: its input needs no gradient (see _layer_passes).
@@ -657,8 +669,8 @@ def _head_passes(
     logits = logits_forward_flops(spec, b, s) / tpcp
     ce = logits_memory_bytes(spec, b, s, dtype_bytes=e) / tpcp
     bwd_factor = 1.0 if recipe.is_peft else 2.0  # PEFT: the LM head is frozen
-    forward = PassCost(gemm_flops=logits, memory_bytes=ce)
-    backward = PassCost(gemm_flops=bwd_factor * logits, memory_bytes=ce)
+    forward = PassCost(gemm_flops=logits, memory_bytes=ce, hp_gemm_flops=logits)
+    backward = PassCost(gemm_flops=bwd_factor * logits, memory_bytes=ce, hp_gemm_flops=bwd_factor * logits)
     return forward, backward, (1.0 + bwd_factor) * logits
 
 

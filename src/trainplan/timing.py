@@ -18,7 +18,11 @@ by microbenchmarks, never fitted to end-to-end runs (``efficiency.py``, docs/eff
 
     GEMM       flops / (peak[dtype] · η_gemm(m, n, k))     η_gemm: best large-GEMM fraction × tile
                                                            and wave quantization of each shape
-    attention  flops / (peak[dtype] · η_attn)              η_attn: FlashAttention kernel fraction
+                                                           (FP8/FP4 recipes: the LM head at the
+                                                           activation dtype, ``Peaks``)
+    attention  flops / (peak[act] · η_attn)                η_attn: FlashAttention kernel fraction;
+                                                           act = the activation dtype (BF16 under
+                                                           FP8/FP4 recipes)
     memory     bytes / (HBM bandwidth · η_bw)              norms, activations, softmax, rotary,
                                                            residuals, MoE permutation, loss
 
@@ -51,6 +55,7 @@ from trainplan.flops import (
     optimizer_update_bytes,
     step_flops,
 )
+from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.memory import MemoryBreakdown, memory_breakdown
@@ -212,10 +217,69 @@ def _stage_gemm_efficiency(
     return flops / slow if slow else eff.gemm_max(dtype)
 
 
-def _pass_time_s(cost: PassCost, peak: float, eta_gemm: float, eta_attn: float, bw: float) -> float:
+LOW_PRECISION: Final = ("fp8", "fp4")
+"""Recipes whose transformer-block GEMMs run in a narrower dtype than their activations."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Peaks:
+    """The compute rates one pass is charged at, for one accelerator and recipe.
+
+    ``peak`` is the dense peak of the GEMM dtype (the block's linear layers). Under an FP8 / FP4
+    recipe only those layers are low-precision: attention runs at the activation dtype
+    (FlashAttention in BF16; FP8 attention is a separate opt-in in Transformer Engine) and so
+    does the LM head (``flops.PassCost.hp_gemm_flops``). ``peak_attn`` is the activation dtype's
+    dense peak; ``peak_hp`` is that peak times ``gemm_max(activation) / gemm_max(GEMM dtype)``, so
+    that ``hp / (peak_hp · η)`` charges the LM head at the activation dtype's large-GEMM efficiency
+    with the stage's shape (tile and wave) fraction (``efficiency.gemm_efficiency`` is
+    ``gemm_max(dtype)`` times a dtype-independent shape fraction). Other recipes: all three equal.
+    """
+
+    dtype: str
+    activation_dtype: str
+    peak: float
+    peak_hp: float
+    peak_attn: float
+    eta_attn: float
+    attn_assumed: bool
+
+
+def recipe_peaks(acc: Accelerator, recipe: Recipe, eff: DeviceEfficiency) -> Peaks:
+    """:class:`Peaks` of ``recipe`` on ``acc`` (the preamble ``step_time`` and the planner share)."""
+    dtype = recipe.gemm_dtype if recipe.gemm_dtype != "tf32" or acc.supports("tf32") else "fp32"
+    act = (
+        recipe.weight_dtype
+        if recipe.precision in LOW_PRECISION and acc.supports(recipe.weight_dtype)
+        else dtype
+    )
+    peak = acc.peak_flops_per_s(dtype)
+    peak_attn = acc.peak_flops_per_s(act)
+    peak_hp = peak_attn * (eff.gemm_max(act) / eff.gemm_max(dtype)) if act != dtype else peak
+    assumed = False
+    if recipe.attention == "flash":
+        eta_attn, assumed = flash_attention_efficiency(acc.name)
+    else:
+        eta_attn = eff.gemm_max(act) * EAGER_ATTENTION_EFFICIENCY_FACTOR
+    eta_attn = min(eta_attn, eff.gemm_max(act))
+    return Peaks(
+        dtype=dtype,
+        activation_dtype=act,
+        peak=peak,
+        peak_hp=peak_hp,
+        peak_attn=peak_attn,
+        eta_attn=eta_attn,
+        attn_assumed=assumed,
+    )
+
+
+def _pass_time_s(
+    cost: PassCost, peak: float, eta_gemm: float, eta_attn: float, bw: float, peak_hp: float, peak_attn: float
+) -> float:
+    """Roofline of one pass: low-precision GEMMs, activation-precision GEMMs, attention, memory."""
     return (
-        cost.gemm_flops / (peak * eta_gemm)
-        + cost.attention_flops / (peak * eta_attn)
+        (cost.gemm_flops - cost.hp_gemm_flops) / (peak * eta_gemm)
+        + cost.hp_gemm_flops / (peak_hp * eta_gemm)
+        + cost.attention_flops / (peak_attn * eta_attn)
         + cost.memory_bytes / bw
     )
 
@@ -297,18 +361,11 @@ def step_time(
         else:
             kappa = cal
     eff = get_efficiency(acc.name)
-    dtype = recipe.gemm_dtype if recipe.gemm_dtype != "tf32" or acc.supports("tf32") else "fp32"
-    peak = acc.peak_flops_per_s(dtype)
+    pk = recipe_peaks(acc, recipe, eff)
+    dtype, peak, peak_hp, peak_attn, eta_attn = pk.dtype, pk.peak, pk.peak_hp, pk.peak_attn, pk.eta_attn
     bw = acc.memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency
-    if recipe.attention == "flash":
-        eta_attn, assumed = flash_attention_efficiency(acc.name)
-        if assumed:
-            notes.append(
-                f"no published attention-kernel efficiency for {acc.name}: the Hopper figure is used"
-            )
-    else:
-        eta_attn = eff.gemm_max(dtype) * EAGER_ATTENTION_EFFICIENCY_FACTOR
-    eta_attn = min(eta_attn, eff.gemm_max(dtype))
+    if pk.attn_assumed:
+        notes.append(f"no published attention-kernel efficiency for {acc.name}: the Hopper figure is used")
 
     stages: tuple[StageFlops, ...] = device_flops(model, recipe, layout)
     m = stages[0].micro_batches
@@ -316,9 +373,11 @@ def step_time(
 
     def stage_time(st: StageFlops) -> tuple[float, float, float, float]:
         eta = _stage_gemm_efficiency(model, st.layers, tokens, layout, eff, dtype)
-        f = _pass_time_s(st.forward, peak, eta, eta_attn, bw) / kappa
-        b = (_pass_time_s(st.backward, peak, eta, eta_attn, bw) + st.dequant_bytes / bw) / kappa
-        r = _pass_time_s(st.recompute, peak, eta, eta_attn, bw) / kappa
+        f = _pass_time_s(st.forward, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
+        b = (
+            _pass_time_s(st.backward, peak, eta, eta_attn, bw, peak_hp, peak_attn) + st.dequant_bytes / bw
+        ) / kappa
+        r = _pass_time_s(st.recompute, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
         return f, b, r, eta
 
     timed = [(stage_time(st), st) for st in stages]
@@ -356,7 +415,10 @@ def step_time(
     tp_s = sum(c.time_s for c in colls if c.group == "tp")
     if layout.tp_comm_overlap:
         gemm_s = {
-            name: m * cost.gemm_flops / (peak * eta) / kappa
+            name: m
+            * ((cost.gemm_flops - cost.hp_gemm_flops) / peak + cost.hp_gemm_flops / peak_hp)
+            / eta
+            / kappa
             for name, cost in (
                 ("forward", busiest.forward),
                 ("backward", busiest.backward),
@@ -372,8 +434,8 @@ def step_time(
         pp_s = max(0.0, pp_s - m * t_mb)
     cp_fwd = sum(c.time_s for c in colls if c.group == "cp" and c.overlappable_with == "forward")
     cp_bwd = sum(c.time_s for c in colls if c.group == "cp" and c.overlappable_with == "backward")
-    attn_f = busiest.forward.attention_flops / (peak * eta_attn) * m
-    attn_b = busiest.backward.attention_flops / (peak * eta_attn) * m
+    attn_f = busiest.forward.attention_flops / (peak_attn * eta_attn) * m
+    attn_b = busiest.backward.attention_flops / (peak_attn * eta_attn) * m
     exposed_cp = max(0.0, cp_fwd - attn_f) + max(0.0, cp_bwd - attn_b)
 
     # Data-parallel / ZeRO traffic: per-micro-batch collectives hide behind that pass of every

@@ -85,12 +85,11 @@ from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Offload, Precision, Recipe, Recompute
 from trainplan.sharding import device_params
 from trainplan.timing import (
-    EAGER_ATTENTION_EFFICIENCY_FACTOR,
     HOST_MEMORY_BYTES_PER_S,
     _pass_time_s,
     _stage_gemm_efficiency,
     calibrated_kappa,
-    flash_attention_efficiency,
+    recipe_peaks,
 )
 from trainplan.units import SECONDS_PER_HOUR
 
@@ -589,6 +588,8 @@ class _Accel:
     eff_key: tuple[object, ...]  # its figures (_efficiency_key)
     dtype: str
     peak: float
+    peak_hp: float  # timing.Peaks: the LM head under FP8/FP4 recipes
+    peak_attn: float  # timing.Peaks: attention at the activation dtype
     bw: float
     eta_attn: float
     kappa: float
@@ -621,14 +622,8 @@ def accel_constants(acc: Accelerator, recipe: Recipe, price: float | None) -> _A
     if kappa is None:
         kappa = 1.0
     eff = get_efficiency(acc.name)
-    dtype = recipe.gemm_dtype if recipe.gemm_dtype != "tf32" or acc.supports("tf32") else "fp32"
-    peak = acc.peak_flops_per_s(dtype)
+    pk = recipe_peaks(acc, recipe, eff)
     bw = acc.memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency
-    if recipe.attention == "flash":
-        eta_attn, _ = flash_attention_efficiency(acc.name)
-    else:
-        eta_attn = eff.gemm_max(dtype) * EAGER_ATTENTION_EFFICIENCY_FACTOR
-    eta_attn = min(eta_attn, eff.gemm_max(dtype))
     # Two devices are enough to read the links; the domain size comes from the catalog.
     net = network_from_system(System(accelerator=acc, num_devices=max(2, acc.scale_up.domain_size)))
     up = (net.scale_up.bandwidth_bytes_per_s, net.scale_up.latency_s, net.scale_up.efficiency)
@@ -642,10 +637,12 @@ def accel_constants(acc: Accelerator, recipe: Recipe, price: float | None) -> _A
         acc=acc,
         eff=eff,
         eff_key=_efficiency_key(eff),
-        dtype=dtype,
-        peak=peak,
+        dtype=pk.dtype,
+        peak=pk.peak,
+        peak_hp=pk.peak_hp,
+        peak_attn=pk.peak_attn,
         bw=bw,
-        eta_attn=eta_attn,
+        eta_attn=pk.eta_attn,
         kappa=kappa,
         up=up,
         out=out,
@@ -1053,6 +1050,8 @@ class BulkEvaluator:
     def _fill_time_block(self, tab: FloatArray, p: int, a_ids: IntArray, k_ids: IntArray) -> None:
         axs = [self._accel(a, p) for a in a_ids.tolist()]
         peak = np.array([ax.peak for ax in axs])[None, :]
+        peak_hp = np.array([ax.peak_hp for ax in axs])[None, :]
+        peak_attn = np.array([ax.peak_attn for ax in axs])[None, :]
         bw = np.array([ax.bw for ax in axs])[None, :]
         eta_attn = np.array([ax.eta_attn for ax in axs])[None, :]
         kappa = np.array([ax.kappa for ax in axs])[None, :]
@@ -1072,23 +1071,24 @@ class BulkEvaluator:
         )
         used = np.unique(eta_rows)
         eta = np.stack([self._eta_values(e, a_ids) for e in used.tolist()])[np.searchsorted(used, eta_rows)]
-        work = np.array(self._stage_work, dtype=np.float64).reshape(-1, 10)[rows]
+        work = np.array(self._stage_work, dtype=np.float64).reshape(-1, 13)[rows]
 
         def cost(j: int) -> _ArrayCost:
             return _ArrayCost(
                 gemm_flops=work[:, j : j + 1],
                 attention_flops=work[:, j + 1 : j + 2],
                 memory_bytes=work[:, j + 2 : j + 3],
+                hp_gemm_flops=work[:, j + 3 : j + 4],
             )
 
-        fwd, bwd, rec = cost(0), cost(3), cost(6)
-        dequant = work[:, 9:10]
-        f = _pass(fwd, peak, eta, eta_attn, bw) / kappa
-        b = (_pass(bwd, peak, eta, eta_attn, bw) + dequant / bw) / kappa
-        r = _pass(rec, peak, eta, eta_attn, bw) / kappa
+        fwd, bwd, rec = cost(0), cost(4), cost(8)
+        dequant = work[:, 12:13]
+        f = _pass(fwd, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
+        b = (_pass(bwd, peak, eta, eta_attn, bw, peak_hp, peak_attn) + dequant / bw) / kappa
+        r = _pass(rec, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
         total = f + b + r
-        a_f = fwd.attention_flops / (peak * eta_attn) + 0.0 * f
-        a_b = bwd.attention_flops / (peak * eta_attn) + 0.0 * f
+        a_f = fwd.attention_flops / (peak_attn * eta_attn) + 0.0 * f
+        a_b = bwd.attention_flops / (peak_attn * eta_attn) + 0.0 * f
         top = np.maximum.reduceat(total, starts, axis=0)
         seg = np.repeat(np.arange(starts.size), lens)
         row_no = np.broadcast_to(np.arange(n_rows)[:, None], total.shape)
@@ -1160,7 +1160,7 @@ class BulkEvaluator:
                     continue
                 seen.add(key)
                 for c in (st.forward, st.backward, st.recompute):
-                    self._stage_work += (c.gemm_flops, c.attention_flops, c.memory_bytes)
+                    self._stage_work += (c.gemm_flops, c.attention_flops, c.memory_bytes, c.hp_gemm_flops)
                 self._stage_work.append(st.dequant_bytes)
                 self._stage_layers.append((st.layers, kinds))
             span = self._flop_rows[flop] = (lo, len(self._stage_layers))
@@ -1752,9 +1752,27 @@ class BulkEvaluator:
         }
 
 
-def _pass(cost: Any, peak: FloatArray, eta: FloatArray, eta_attn: FloatArray, bw: FloatArray) -> FloatArray:
+def _pass(
+    cost: Any,
+    peak: FloatArray,
+    eta: FloatArray,
+    eta_attn: FloatArray,
+    bw: FloatArray,
+    peak_hp: FloatArray,
+    peak_attn: FloatArray,
+) -> FloatArray:
     """``timing._pass_time_s`` on arrays of accelerator constants (element-wise the same operations)."""
-    return np.asarray(_pass_time_s(cost, cast(Any, peak), cast(Any, eta), cast(Any, eta_attn), cast(Any, bw)))
+    return np.asarray(
+        _pass_time_s(
+            cost,
+            cast(Any, peak),
+            cast(Any, eta),
+            cast(Any, eta_attn),
+            cast(Any, bw),
+            cast(Any, peak_hp),
+            cast(Any, peak_attn),
+        )
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1764,6 +1782,7 @@ class _ArrayCost:
     gemm_flops: FloatArray
     attention_flops: FloatArray
     memory_bytes: FloatArray
+    hp_gemm_flops: FloatArray
 
 
 class _ArrayMemory(MemoryBreakdown):
