@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -304,9 +305,8 @@ def apply_fsdp(model: ReferenceLM, mesh: Any, recipe: Recipe) -> None:
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
-def fsdp_gather_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """All-gather outputs and unsharded parameters FSDP2 keeps for each parameter (storages persist)."""
-    out: list[torch.Tensor] = []
+def _fsdp_params(model: nn.Module) -> Iterator[Any]:
+    """Every ``FSDPParam`` of the modules ``fully_shard`` wrapped, module by module."""
     for m in model.modules():
         get_state = getattr(m, "_get_fsdp_state", None)
         if get_state is None:
@@ -314,11 +314,17 @@ def fsdp_gather_tensors(model: nn.Module) -> list[torch.Tensor]:
         group = get_state()._fsdp_param_group
         if group is None:
             continue
-        for fp in group.fsdp_params:
-            out.extend(t for t in getattr(fp, "all_gather_outputs", []) if isinstance(t, torch.Tensor))
-            up = getattr(fp, "_unsharded_param", None)
-            if isinstance(up, torch.Tensor):
-                out.append(up)
+        yield from group.fsdp_params
+
+
+def fsdp_gather_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """All-gather outputs and unsharded parameters FSDP2 keeps for each parameter (storages persist)."""
+    out: list[torch.Tensor] = []
+    for fp in _fsdp_params(model):
+        out.extend(t for t in getattr(fp, "all_gather_outputs", []) if isinstance(t, torch.Tensor))
+        up = getattr(fp, "_unsharded_param", None)
+        if isinstance(up, torch.Tensor):
+            out.append(up)
     return out
 
 
@@ -335,29 +341,22 @@ def fsdp_uneven_shard_bytes(model: nn.Module, opt: Any) -> int:
 
     states = opt.inner.state if isinstance(opt, MasterWeightAdamW) else opt.state
     extra_bytes = 0.0
-    for m in model.modules():
-        get_state = getattr(m, "_get_fsdp_state", None)
-        if get_state is None:
+    for fp in _fsdp_params(model):
+        p = fp.sharded_param
+        if not isinstance(p, DTensor):
             continue
-        group = get_state()._fsdp_param_group
-        if group is None:
+        shards = 1
+        for i, pl in enumerate(p.placements):
+            if pl.is_shard():
+                shards *= p.device_mesh.size(i)
+        extra = p._local_tensor.numel() - p.numel() / shards
+        if extra <= 0:
             continue
-        for fp in group.fsdp_params:
-            p = fp.sharded_param
-            if not isinstance(p, DTensor):
-                continue
-            shards = 1
-            for i, pl in enumerate(p.placements):
-                if pl.is_shard():
-                    shards *= p.device_mesh.size(i)
-            extra = p._local_tensor.numel() - p.numel() / shards
-            if extra <= 0:
-                continue
-            tensors = [p, *([p.grad] if p.grad is not None else [])]
-            tensors += [
-                v for k, v in states.get(p, {}).items() if k != "step" and isinstance(v, torch.Tensor)
-            ]
-            extra_bytes += sum(extra * t.element_size() for t in tensors)
+        tensors = [p, *([p.grad] if p.grad is not None else [])]
+        tensors += [
+            v for k, v in states.get(p, {}).items() if k != "step" and isinstance(v, torch.Tensor)
+        ]
+        extra_bytes += sum(extra * t.element_size() for t in tensors)
     return round(extra_bytes)
 
 
