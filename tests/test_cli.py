@@ -132,6 +132,19 @@ def test_smallest_80gb_layout_for_70b_full_finetune() -> None:
         ),
         (["estimate", "llama-2-7b", "--hardware", "h100-sxm", "--lora-rank", "8"], "lora_rank"),
         (["estimate", "llama-2-7b", "--hardware", "h100-sxm", "--offload", "optimizer"], "offload"),
+        (
+            [
+                "estimate",
+                "llama-2-7b",
+                "--hardware",
+                "h100-sxm",
+                "--devices",
+                "8",
+                "--zero3-granularity",
+                "parameter",
+            ],
+            "zero3_granularity",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -188,3 +201,13 @@ def test_console_script_runs() -> None:
         check=True,
     )
     assert json.loads(result.stdout)["model"]["params"] == 124_439_808
+
+
+def test_zero3_granularity_flag_reaches_the_layout_and_the_step(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "gpt-22b", "--hardware", "a100-80gb", "--devices", "256", "--zero", "3"]
+    argv += ["--seq-len", "2048", "--recompute", "full", "--global-batch", "256"]
+    block = run_json(capsys, *argv)
+    per_param = run_json(capsys, *argv, "--zero3-granularity", "parameter")
+    assert block["layout"]["zero3_granularity"] == "block"  # type: ignore[index]
+    assert per_param["layout"]["zero3_granularity"] == "parameter"  # type: ignore[index]
+    assert per_param["time"]["step_s"] > block["time"]["step_s"]  # type: ignore[index]

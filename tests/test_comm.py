@@ -296,3 +296,111 @@ def test_works_with_the_hardware_catalog_system() -> None:
     net = C.network_from_system(system)
     assert net.scale_out is not None
     assert net.time_s("all_reduce", GB, placement["dp"]) > net.time_s("all_reduce", GB, placement["tp"])
+
+
+# --- NCCL ring latency and ZeRO-3 granularity -------------------------------------------------
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
+def test_spanning_ring_pays_nccls_step_latencies(kind: C.CollectiveKind) -> None:
+    """NCCL's ring over n ranks, n_l per domain: (n − n_o)·α_up + (n_o − 1)·α_out (tuning.cc)."""
+    fast_up = C.LinkLevel(bandwidth_bytes_per_s=1e30, latency_s=2e-6)
+    fast_out = C.LinkLevel(bandwidth_bytes_per_s=1e30, latency_s=8e-6)
+    n, n_l = 64, 8
+    n_o = n // n_l
+    t = C.hierarchical_s(kind, 1.0, n, n_l, fast_up, fast_out)
+    assert t == pytest.approx((n - n_o) * 2e-6 + (n_o - 1) * 8e-6, rel=1e-12)
+    # one rank per domain or one domain: the flat ring's (n − 1) steps on that link
+    assert C.hierarchical_s(kind, 1.0, n, 1, fast_up, fast_out) == pytest.approx((n - 1) * 8e-6)
+    assert C.hierarchical_s(kind, 1.0, n_l, n_l, fast_up, fast_up) == pytest.approx((n_l - 1) * 2e-6)
+
+
+def _gpt(layers: int = 8) -> ModelSpec:
+    return ModelSpec(
+        name="gpt",
+        family="megatron",
+        num_layers=layers,
+        hidden_size=1024,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=64,
+        ffn_hidden=4096,
+        vocab_size=51200,
+        activation="gelu",
+        norm="layernorm",
+        position="learned",
+        tied_embeddings=True,
+        qkv_bias=True,
+        attn_out_bias=True,
+        mlp_bias=True,
+    )
+
+
+def test_zero3_gather_units() -> None:
+    spec = _gpt(layers=10)
+    assert C.zero3_gather_units(spec, Layout(dp=8, zero=3)) == 10 + 1
+    assert C.zero3_gather_units(spec, Layout(dp=2, pp=4, zero=3)) == 3 + 1  # ⌈10/4⌉ blocks
+    per_param = Layout(dp=8, zero=3, zero3_granularity="parameter")
+    # Megatron GPT layer: qkv w+b, proj w+b, 2 LayerNorms w+b, fc1 w+b, fc2 w+b = 12;
+    # root: word + position embeddings, final LayerNorm w+b (head tied) = 4
+    assert C.zero3_gather_units(spec, per_param) == 12 * 10 + 4
+
+
+def test_per_parameter_granularity_only_with_zero3() -> None:
+    with pytest.raises(LayoutError, match="--zero 3"):
+        Layout(dp=8, zero=2, zero3_granularity="parameter")
+    with pytest.raises(LayoutError, match="choose block, parameter"):
+        Layout(dp=8, zero=3, zero3_granularity="bucket")  # type: ignore[arg-type]
+
+
+def test_zero3_units_add_latency_not_volume() -> None:
+    shard = C.place_group("s", 64, 1, 8)
+    kw = dict(zero=3, param_bytes=4e9, grad_bytes=4e9, micro_batches=2, shard=shard, network=NET)
+    one = C.data_parallel_collectives(**kw)  # type: ignore[arg-type]
+    many = C.data_parallel_collectives(**kw, gather_units=33)  # type: ignore[arg-type]
+    for a, b in zip(one, many, strict=True):
+        assert b.wire_bytes == pytest.approx(a.wire_bytes)
+        assert b.calls == 33 * a.calls
+        per_call_latency = NET.time_s(a.kind, 1e-30, shard)
+        assert b.time_s - a.time_s == pytest.approx(32 * a.calls * per_call_latency, rel=1e-9)
+
+
+def test_per_parameter_gathers_are_waited_on_and_regathered_for_recompute() -> None:
+    shard = C.place_group("s", 64, 1, 8)
+    kw = dict(zero=3, param_bytes=4e9, grad_bytes=4e9, micro_batches=1, shard=shard, network=NET)
+    block = C.data_parallel_collectives(**kw, gather_units=100)  # type: ignore[arg-type]
+    per_param = C.data_parallel_collectives(
+        **kw,  # type: ignore[arg-type]
+        gather_units=100,
+        granularity="parameter",
+        regather_for_recompute=True,
+    )
+    assert [(c.kind, c.overlappable_with) for c in per_param] == [
+        ("all_gather", "none"),
+        ("all_gather", "none"),  # the reentrant recompute's forward hooks gather again
+        ("all_gather", "none"),
+        ("reduce_scatter", "backward"),
+    ]
+    # each list-based call copies one tensor per rank in or out of the flat buffer
+    extra = per_param[-1].time_s - block[-1].time_s
+    assert extra == pytest.approx(100 * 64 * C.LIST_COLLECTIVE_COPY_S)
+
+
+def test_per_parameter_zero3_is_slower_and_scales_worse() -> None:
+    """At fixed global batch, per-parameter ZeRO-3's exposed traffic grows with the rank count."""
+    from trainplan.estimate import estimate
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+    from trainplan.models import load_model
+
+    spec = load_model("gpt-22b")
+    steps = {}
+    for n in (128, 512):
+        mb = 512 // n
+        r = Recipe(seq_len=2048, micro_batch=mb, global_batch=512, recompute="full", precision="fp16")
+        for g in ("block", "parameter"):
+            lay = Layout(dp=n, zero=3, zero3_granularity=g)  # type: ignore[arg-type]
+            e = estimate(System(accelerator=get_accelerator("a100-80gb"), num_devices=n), spec, r, lay)
+            steps[n, g] = e.time.step_s
+    for n in (128, 512):
+        assert steps[n, "parameter"] > steps[n, "block"]
+    # block: 4x the devices cut the step; per parameter the saving is smaller
+    assert steps[512, "parameter"] / steps[128, "parameter"] > steps[512, "block"] / steps[128, "block"]

@@ -395,15 +395,19 @@ def test_recipe_flags_parse_and_name_bad_entries() -> None:
 
 def test_recipe_columns_default_where_absent() -> None:
     """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults
-    (the NVIDIA and torchtitan tables state only their runs' communication-overlap switches)."""
+    (the NVIDIA and torchtitan tables state only their runs' communication switches)."""
     for name, rows in TIMING.items():
         if name == "torchtune_throughput":
             continue
         for r in rows:
             assert isinstance(r, TimingRow)
             f = r.recipe_flags
-            only_overlap = RecipeFlags(tp_comm_overlap=f.tp_comm_overlap, pp_comm_overlap=f.pp_comm_overlap)
-            assert r.optimizer is None and r.offload is None and f == only_overlap, r.name
+            only_comm = RecipeFlags(
+                tp_comm_overlap=f.tp_comm_overlap,
+                pp_comm_overlap=f.pp_comm_overlap,
+                zero3_per_parameter=f.zero3_per_parameter,
+            )
+            assert r.optimizer is None and r.offload is None and f == only_comm, r.name
 
 
 def test_overlap_flags_follow_the_runs_configs() -> None:

@@ -413,7 +413,11 @@ def test_every_target_writes_parseable_text(target: str) -> None:
         ("deepspeed", {"cp": 2}, "cp"),
         ("deepspeed", {"tp": 2, "zero": 3}, "tp"),
         ("deepspeed", {"tp": 2, "sequence_parallel": True, "tp_comm_overlap": True}, "tp_comm_overlap"),
-        ("accelerate", {"tp": 2, "zero": 3, "sequence_parallel": True, "tp_comm_overlap": True}, "tp_comm_overlap"),
+        (
+            "accelerate",
+            {"tp": 2, "zero": 3, "sequence_parallel": True, "tp_comm_overlap": True},
+            "tp_comm_overlap",
+        ),
         ("deepspeed", {"recipe": {"precision": "fp8"}}, "precision"),
         ("deepspeed", {"recipe": {"recompute": "selective"}}, "recompute"),
         ("deepspeed", {"zero": 2, "recipe": {"offload": "optimizer+params"}}, "offload"),

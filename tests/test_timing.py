@@ -139,11 +139,10 @@ def test_korthikanti_table5_each_row_and_the_ratio() -> None:
 
 
 KNOWN_MISRANKED: dict[tuple[str, str], str] = {
-    (f"megatron2021-t2-ptd-{size}-{n}gpu", f"megatron2021-t2-zero3-{size}-{n}gpu"): (
-        "DeepSpeed ZeRO-3 (2021) moved its parameters at ~21 GB/s per GPU, a tenth of the multi-rail "
-        "rate the model assumes for a modern FSDP stack; docs/timing.md"
-    )
-    for size, n in (("174.6b", 384), ("174.6b", 768), ("174.6b", 1536), ("529.6b", 1120), ("529.6b", 2240))
+    ("megatron2021-t2-ptd-174.6b-384gpu", "megatron2021-t2-zero3-174.6b-384gpu"): (
+        "published gap 6% (76.8 s vs 81.6 s), inside the model's error on these rows: the PTD row "
+        "is 6% fast and the per-parameter ZeRO-3 model 16% fast; docs/timing.md"
+    ),
 }
 """Published pairs the model ranks the wrong way round, each with its reason (docs/timing.md)."""
 

@@ -298,3 +298,26 @@ def test_70b_full_depth_step_traces_within_60_s() -> None:
     assert tr.state_bytes["parameters"] + tr.state_bytes["gradients"] + tr.state_bytes[
         "optimizer"
     ] == pytest.approx(16 * n / 64, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "llama-2-7b",
+        "mixtral-8x7b",
+        "qwen1.5-moe-a2.7b",
+        "qwen3-30b-a3b",
+        "gemma-2-9b",
+        "olmo-2-7b",
+        "qwen2.5-7b",
+    ],
+)
+def test_reference_model_parameter_tensors_equal_the_per_parameter_gather_count(name: str) -> None:
+    """A per-parameter ZeRO-3 issues one collective per tensor of ``model.parameters()``."""
+    from trainplan.models.params import layer_parameter_tensors, root_parameter_tensors
+    from trainplan.trace.models import build_model
+
+    spec = load_model(name)
+    net = build_model(spec, dtype=torch.float32, device="meta")
+    expected = sum(layer_parameter_tensors(spec, i) for i in range(spec.num_layers))
+    assert len(list(net.parameters())) == expected + root_parameter_tensors(spec)

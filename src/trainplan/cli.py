@@ -163,6 +163,13 @@ def add_layout_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="overlap pipeline sends with other micro-batches' compute (Megatron-Core overlap_p2p_comm)",
     )
+    g.add_argument(
+        "--zero3-granularity",
+        choices=("block", "parameter"),
+        default="block",
+        help="ZeRO-3 collectives: one per block, prefetched (FSDP/FSDP2, default) or one blocking "
+        "gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
+    )
 
 
 def recipe_from_args(args: argparse.Namespace) -> object:
@@ -219,6 +226,7 @@ def layout_from_args(args: argparse.Namespace) -> object:
         overlap_grad_reduce=not args.no_overlap_grad_reduce,
         tp_comm_overlap=args.tp_comm_overlap,
         pp_comm_overlap=args.pp_comm_overlap,
+        zero3_granularity=args.zero3_granularity,
     )
 
 

@@ -204,6 +204,7 @@ def hierarchical_s(
     * reduce-scatter: RS of S inside the domain (scale-up), then RS of the S/n_local shard across
       domains (scale-out).
     * all-gather: the reverse — AG of S/n_local across domains, then AG of S inside the domain.
+      Latency of both: NCCL's ring, ``(n − n_o)·α_up + (n_o − 1)·α_out`` for its n − 1 steps.
     * all-reduce: intra RS + inter all-reduce of the S/n_local shard + intra AG, i.e.
       ``2(n_l−1)/n_l·S/B_up + 2(n_o−1)/n_o·(S/n_l)/B_out`` + latencies (Jia et al. 2018; Ying et al. 2018).
     * all-to-all: the ``(n_l−1)/n`` share of the buffer bound to peers in the same domain goes over
@@ -233,10 +234,19 @@ def hierarchical_s(
         return _flat_s(k, nb, n, lv.bandwidth_bytes_per_s, lv.latency_s, lv.efficiency)
 
     shard = n_bytes / n_l
-    if kind == "reduce_scatter":
-        return flat("reduce_scatter", n_bytes, n_l, up) + flat("reduce_scatter", shard, n_o, out)
-    if kind == "all_gather":
-        return flat("all_gather", shard, n_o, out) + flat("all_gather", n_bytes, n_l, up)
+    if kind in ("reduce_scatter", "all_gather") and n_bytes > 0:
+        # NCCL runs all-gather and reduce-scatter as one ring through every rank: its n−1 steps are
+        # (n − n_o) hops inside a domain and (n_o − 1) hops between domains (NVIDIA/nccl
+        # ``src/graph/tuning.cc``, ``nInterSteps``), i.e. (n_l − 1)(n_o − 1) more scale-up steps
+        # than the two phases below count.
+        ring_extra_s = (n_l - 1) * (n_o - 1) * up.latency_s
+        if kind == "reduce_scatter":
+            return (
+                flat("reduce_scatter", n_bytes, n_l, up)
+                + flat("reduce_scatter", shard, n_o, out)
+                + ring_extra_s
+            )
+        return flat("all_gather", shard, n_o, out) + flat("all_gather", n_bytes, n_l, up) + ring_extra_s
     return (
         flat("reduce_scatter", n_bytes, n_l, up)
         + flat("all_reduce", shard, n_o, out)
@@ -491,8 +501,11 @@ def _collective(
     network: Network,
     overlap: Overlap,
     source: str,
+    extra_per_call_s: float = 0.0,
 ) -> Collective:
     per_call = network.time_s(kind, buffer_bytes, placement)
+    if per_call > 0:
+        per_call += extra_per_call_s
     sends = bus_factor(kind, placement.size) if placement.size > 1 else 0.0
     return Collective(
         name=name,
@@ -510,6 +523,20 @@ def _collective(
 
 
 _ZERO_SRC = "Rajbhandari et al. 2020 (ZeRO), Sec. 7: DDP/ZeRO-1/2 move 2Ψ per step, ZeRO-3 3Ψ"
+_PER_PARAMETER_SRC = (
+    "DeepSpeed 2021 ZeRO-3 (microsoft/DeepSpeed@429dfa6, deepspeed/runtime/zero/stage3.py "
+    "fetch_sub_module, partition_parameters.py _allgather_param / _reduce_scatter_gradient): one "
+    "list-based collective per parameter tensor, gathers waited on before the module runs"
+)
+
+# Host-side cost per rank of a list-based collective: ``torch.distributed.all_gather`` with a list
+# of outputs copies each of the n outputs out of the flat NCCL buffer, ``reduce_scatter`` with a
+# list of inputs copies each of the n inputs in (pytorch/pytorch
+# ``torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp``: "Copy the flattened output tensors to
+# the outputs", one ``copy_`` kernel per rank). Each is a small kernel launched back to back:
+# 3.8 us per kernel, launch included (NVIDIA Technical Blog, A. Gray, "Getting Started with CUDA
+# Graphs", 2019: 3.8 us per short kernel when launches overlap execution).
+LIST_COLLECTIVE_COPY_S: Final = 3.8e-6
 
 
 def data_parallel_collectives(
@@ -522,6 +549,9 @@ def data_parallel_collectives(
     network: Network,
     prefix: str = "dp",
     overlap_param_gather: bool = False,
+    gather_units: int = 1,
+    granularity: str = "block",
+    regather_for_recompute: bool = False,
 ) -> tuple[Collective, ...]:
     """Gradient / parameter traffic of data parallelism on one device per step.
 
@@ -536,8 +566,18 @@ def data_parallel_collectives(
       ``--overlap-param-gather`` hides it behind the next forward): 2Ψ.
     * 2: as 1, but gradients are partitioned, so they are reduce-scattered every micro-batch.
     * 3 (FSDP FULL_SHARD): all-gather of the parameters before each micro-batch's forward and again
-      before its backward, reduce-scatter of the gradients after each backward: 3Ψ per micro-batch
-      (prefetching hides them behind compute).
+      before its backward, reduce-scatter of the gradients after each backward: 3Ψ per micro-batch.
+      The traffic goes in ``gather_units`` equal collectives per pass, so the latency is paid
+      ``gather_units`` times while the volume stays 3Ψ:
+
+      - ``granularity="block"`` (PyTorch FSDP/FSDP2 wrapping each block; ``gather_units`` =
+        blocks on the stage + 1 root unit): prefetching hides them behind compute.
+      - ``granularity="parameter"`` (DeepSpeed ZeRO-3 as of 2021; ``gather_units`` = parameter
+        tensors): each gather is waited on before the module runs, so gathers are exposed
+        ("none"); with ``regather_for_recompute`` (reentrant full recompute re-runs the module's
+        forward hooks, which gather and release again) there is a third gather per micro-batch;
+        each list-based call adds n · :data:`LIST_COLLECTIVE_COPY_S` of per-rank copies. The
+        gradient reduce-scatters run on a side stream behind the backward.
     """
     if shard.size <= 1:
         return ()
@@ -580,38 +620,44 @@ def data_parallel_collectives(
                 _ZERO_SRC,
             ),
         )
-    return (
+    if gather_units < 1:
+        raise TrainplanError("gather_units", f"must be a positive integer, got {gather_units}")
+    u = gather_units
+    per_param = granularity == "parameter"
+    src = _PER_PARAMETER_SRC if per_param else _ZERO_SRC
+    copies_s = shard.size * LIST_COLLECTIVE_COPY_S if per_param else 0.0
+    gathers: list[tuple[str, Overlap]] = [("forward", "none" if per_param else "forward")]
+    if per_param and regather_for_recompute:
+        gathers.append(("recompute", "none"))
+    gathers.append(("backward", "none" if per_param else "backward"))
+    out = [
         _collective(
-            f"{prefix}_fsdp_forward_all_gather",
+            f"{prefix}_fsdp_{phase}_all_gather",
             "all_gather",
             shard,
-            param_bytes,
-            m,
+            param_bytes / u,
+            m * u,
             network,
-            "forward",
-            _ZERO_SRC,
-        ),
-        _collective(
-            f"{prefix}_fsdp_backward_all_gather",
-            "all_gather",
-            shard,
-            param_bytes,
-            m,
-            network,
-            "backward",
-            _ZERO_SRC,
-        ),
+            overlap,
+            src,
+            copies_s,
+        )
+        for phase, overlap in gathers
+    ]
+    out.append(
         _collective(
             f"{prefix}_fsdp_grad_reduce_scatter",
             "reduce_scatter",
             shard,
-            grad_bytes,
-            m,
+            grad_bytes / u,
+            m * u,
             network,
             "backward",
-            _ZERO_SRC,
-        ),
+            src,
+            copies_s,
+        )
     )
+    return tuple(out)
 
 
 _TP_SRC = (
@@ -809,6 +855,23 @@ def context_parallel_collectives(
     return tuple(out)
 
 
+def zero3_gather_units(spec: ModelSpec, layout: Layout) -> int:
+    """Collectives per pass of a ZeRO-3 stage on the busiest pipeline stage (⌈L/pp⌉ layers).
+
+    ``"block"``: one per block plus one root unit (embeddings, final norm, head: torchtitan
+    ``apply_fsdp`` shards each block and then the whole model). ``"parameter"``: one per parameter
+    tensor of the stage's layers plus the root's (:func:`trainplan.models.params.layer_parameter_tensors`),
+    the busiest stage taken to hold the root.
+    """
+    layers = math.ceil(spec.num_layers / layout.pp)
+    if layout.zero3_granularity == "block":
+        return layers + 1
+    from trainplan.models.params import layer_parameter_tensors, root_parameter_tensors
+
+    per_layer = max(layer_parameter_tensors(spec, i) for i in range(spec.num_layers))
+    return layers * per_layer + root_parameter_tensors(spec)
+
+
 def step_collectives(
     spec: ModelSpec,
     recipe: Recipe,
@@ -839,6 +902,9 @@ def step_collectives(
     t_dense = dense_params if trainable_dense_params is None else trainable_dense_params
     t_expert = expert_params if trainable_expert_params is None else trainable_expert_params
     out: list[Collective] = []
+    units = zero3_gather_units(spec, layout)
+    granularity = layout.zero3_granularity
+    regather = recipe.recompute == "full"
     out += data_parallel_collectives(
         zero=layout.zero,
         param_bytes=dense_params / (tp * pp) * w,
@@ -847,6 +913,9 @@ def step_collectives(
         shard=placements["shard"],
         network=network,
         overlap_param_gather=overlap_param_gather,
+        gather_units=units,
+        granularity=granularity,
+        regather_for_recompute=regather,
     )
     if expert_params:
         out += data_parallel_collectives(
@@ -858,6 +927,9 @@ def step_collectives(
             network=network,
             prefix="expert_dp",
             overlap_param_gather=overlap_param_gather,
+            gather_units=units,
+            granularity=granularity,
+            regather_for_recompute=regather,
         )
     b, s, h = recipe.micro_batch, recipe.seq_len, spec.hidden_size
     act = b * (s / cp) * h * e

@@ -39,6 +39,14 @@ from trainplan.models.spec import ModelSpec
 
 PipelineSchedule = Literal["1f1b", "interleaved", "zb"]
 PIPELINE_SCHEDULES: Final = get_args(PipelineSchedule)
+# How a ZeRO-3 / FSDP implementation groups its parameter gathers and gradient reductions:
+# "block": one all-gather / reduce-scatter per transformer block (plus one for the root's
+# embeddings and head), prefetched behind compute — PyTorch FSDP/FSDP2 wrapping each block
+# (torchtitan ``apply_fsdp``), Megatron-FSDP, DeepSpeed >= 0.6 bucketed gathers.
+# "parameter": one list-based collective per parameter tensor, each gather waited on before the
+# module runs — DeepSpeed ZeRO-3 as released in 2021 (``stage3.py`` ``fetch_sub_module``).
+Zero3Granularity = Literal["block", "parameter"]
+ZERO3_GRANULARITIES: Final = get_args(Zero3Granularity)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +63,7 @@ class Layout:
     overlap_grad_reduce: bool = True  # bucketed gradient reduction overlapped with backward
     tp_comm_overlap: bool = False  # sequence-parallel collectives overlapped with the linear GEMMs
     pp_comm_overlap: bool = False  # pipeline sends overlapped with other micro-batches' compute
+    zero3_granularity: Zero3Granularity = "block"  # see ZERO3_GRANULARITIES
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -79,6 +88,17 @@ class Layout:
                 "tp_comm_overlap",
                 "tensor-parallel communication overlap needs sequence parallelism (it overlaps the "
                 "sequence-parallel all-gather / reduce-scatter with the GEMMs); add --sequence-parallel",
+            )
+        if self.zero3_granularity not in ZERO3_GRANULARITIES:
+            raise LayoutError(
+                "zero3_granularity",
+                f"unknown granularity {self.zero3_granularity!r}; choose {', '.join(ZERO3_GRANULARITIES)}",
+            )
+        if self.zero3_granularity != "block" and self.zero != 3:
+            raise LayoutError(
+                "zero3_granularity",
+                f"per-{self.zero3_granularity} gathers describe a ZeRO-3 / FSDP implementation; "
+                f"add --zero 3 (got zero={self.zero})",
             )
         if self.pp_comm_overlap and self.pp == 1:
             raise LayoutError("pp_comm_overlap", "pipeline communication overlap needs pp > 1")
@@ -109,6 +129,7 @@ class Layout:
         overlap_grad_reduce: bool = True,
         tp_comm_overlap: bool = False,
         pp_comm_overlap: bool = False,
+        zero3_granularity: Zero3Granularity = "block",
     ) -> Layout:
         """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
         if not isinstance(devices, int) or devices <= 0:
@@ -136,6 +157,7 @@ class Layout:
             overlap_grad_reduce=overlap_grad_reduce,
             tp_comm_overlap=tp_comm_overlap,
             pp_comm_overlap=pp_comm_overlap,
+            zero3_granularity=zero3_granularity,
         )
 
     @property
@@ -207,6 +229,8 @@ class Layout:
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
         parts.append(f"zero={self.zero}")
+        if self.zero3_granularity != "block":
+            parts.append(f"per-{self.zero3_granularity} gathers")
         if self.sequence_parallel:
             parts.append("sp+overlap" if self.tp_comm_overlap else "sp")
         if self.pp > 1:

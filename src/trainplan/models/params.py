@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from trainplan.errors import ModelError
 from trainplan.models.spec import ModelSpec, Norm
@@ -324,3 +324,57 @@ def lora_params(spec: ModelSpec, *, rank: int, targets: Iterable[str] = DEFAULT_
     if total == 0:
         raise ModelError("lora_targets", f"{', '.join(sorted(wanted))} match no matrix of {spec.name}")
     return total
+
+
+# Families whose reference implementation fuses the q, k, v projections into one weight (and one
+# bias): GPT-2 ``c_attn`` (``modeling_gpt2.py``), GPT-NeoX ``query_key_value``
+# (``modeling_gpt_neox.py``), Megatron-LM ``ParallelAttention.query_key_value``
+# (``megatron/model/transformer.py``), Phi-3 ``qkv_proj`` (``modeling_phi3.py``).
+FUSED_QKV_FAMILIES: Final = frozenset({"gpt2", "gpt_neox", "megatron", "phi3"})
+
+
+def _norm_tensors(spec: ModelSpec) -> int:
+    """Tensors of one norm: LayerNorm weight + bias, RMSNorm weight (see :func:`norm_params`)."""
+    return 2 if spec.norm == "layernorm" else 1
+
+
+def _mlp_tensors(spec: ModelSpec) -> int:
+    """Weights (gate, up, down or fc1, fc2) and, with ``mlp_bias``, one bias each."""
+    n = 3 if spec.gated else 2
+    return 2 * n if spec.mlp_bias else n
+
+
+def layer_parameter_tensors(spec: ModelSpec, layer: int) -> int:
+    """Number of parameter tensors (``len(list(layer.parameters()))``) of decoder layer ``layer``.
+
+    A ZeRO-3 implementation that gathers parameter by parameter issues one collective per tensor
+    (see ``comm.data_parallel_collectives``). Attention: q, k, v (one fused weight in
+    :data:`FUSED_QKV_FAMILIES`), o, their biases (``qkv_bias``, ``attn_out_bias``) and the q/k
+    norms; the sub-layer norms (:func:`_sublayer_norms`); the MLP (:func:`_mlp_tensors`), or for an
+    MoE layer the router (+ bias), every routed expert's MLP, the shared experts and their gate.
+    Megatron GPT example: qkv w+b, proj w+b, 2 LayerNorms w+b, fc1 w+b, fc2 w+b = 12.
+    """
+    _check_layer(spec, layer)
+    fused = spec.family in FUSED_QKV_FAMILIES
+    qkv = 1 if fused else 3
+    attn = qkv + 1 + (qkv if spec.qkv_bias else 0) + (1 if spec.attn_out_bias else 0)
+    attn += 2 * _norm_tensors(spec) if spec.qk_norm else 0
+    norms = 2 * (2 if spec.post_norms else 1) * _norm_tensors(spec)
+    moe = spec.moe
+    if moe is not None and spec.is_moe_layer(layer):
+        ffn = (2 if moe.router_bias else 1) + moe.num_experts * _mlp_tensors(spec)
+        ffn += moe.num_shared_experts * _mlp_tensors(spec) + (1 if moe.shared_expert_gate else 0)
+    else:
+        ffn = _mlp_tensors(spec)
+    return attn + norms + ffn
+
+
+def root_parameter_tensors(spec: ModelSpec) -> int:
+    """Parameter tensors outside the decoder layers: token embedding, learned positions, final norm
+    and an untied LM head."""
+    return (
+        1
+        + (1 if spec.position == "learned" else 0)
+        + _norm_tensors(spec)
+        + (0 if spec.tied_embeddings else 1)
+    )

@@ -1407,10 +1407,17 @@ class BulkEvaluator:
         w_bytes = BYTES_PER_ELEMENT["nf4"] if self.base.method == "qlora" else e
         out: dict[str, FloatArray] = {}
 
+        # ZeRO-3 collectives per pass: one per block on the stage + the root unit
+        # (comm.zero3_gather_units, "block" granularity: the planner plans FSDP-style stacks)
+        units = -(-self.model.num_layers // pp) + 1
+        out["z3_units"] = units.astype(np.float64)
+
         def data_parallel(prefix: str, pl: _Placement, param_b: FloatArray, grad_b: FloatArray) -> None:
             out[prefix + "_rs"] = net.time("reduce_scatter", grad_b, pl)
             out[prefix + "_ag"] = net.time("all_gather", param_b, pl)
             out[prefix + "_ar"] = net.time("all_reduce", grad_b, pl)
+            out[prefix + "_rs3"] = net.time("reduce_scatter", grad_b / units, pl)
+            out[prefix + "_ag3"] = net.time("all_gather", param_b / units, pl)
 
         shard_size = dp * cp
         tpp = (tp * pp).astype(np.float64)
@@ -1620,6 +1627,8 @@ class BulkEvaluator:
             on = size > 1
             one = np.ones(n, dtype=np.int64)
             rs, ag, ar = call[prefix + "_rs"], call[prefix + "_ag"], call[prefix + "_ar"]
+            rs3, ag3 = call[prefix + "_rs3"], call[prefix + "_ag3"]
+            calls3 = mi * call["z3_units"]
             # zero 0: all-reduce of gradients once per step, behind backward
             z0 = on & (zero_f == 0)
             dp_colls.append((ar * 1 * z0, "backward", one >= mi))
@@ -1628,9 +1637,9 @@ class BulkEvaluator:
             dp_colls.append((rs * rs_calls * z12, "backward", rs_calls >= mi))
             dp_colls.append((ag * 1 * z12, "none", one >= mi))
             z3 = on & (zero_f == 3)
-            dp_colls.append((ag * mi * z3, "forward", mi >= mi))
-            dp_colls.append((ag * mi * z3, "backward", mi >= mi))
-            dp_colls.append((rs * mi * z3, "backward", mi >= mi))
+            dp_colls.append((ag3 * calls3 * z3, "forward", mi >= mi))
+            dp_colls.append((ag3 * calls3 * z3, "backward", mi >= mi))
+            dp_colls.append((rs3 * calls3 * z3, "backward", mi >= mi))
 
         data_parallel("dp", shard_size)
         if self._expert:
@@ -1918,10 +1927,12 @@ class _Net:
             t = np.where((n_o == 1) | (n_l == 1), flat, two)
         else:
             shard = n_bytes / n_l
+            # NCCL's ring latency: (n_l − 1)(n_o − 1) scale-up steps more than the two phases
+            ring_extra = (n_l - 1) * (n_o - 1) * up[1]
             if kind == "reduce_scatter":
-                t = self._flat(kind, n_bytes, pl, "local") + self._flat(kind, shard, pl, "outer")
+                t = self._flat(kind, n_bytes, pl, "local") + self._flat(kind, shard, pl, "outer") + ring_extra
             elif kind == "all_gather":
-                t = self._flat(kind, shard, pl, "outer") + self._flat(kind, n_bytes, pl, "local")
+                t = self._flat(kind, shard, pl, "outer") + self._flat(kind, n_bytes, pl, "local") + ring_extra
             else:
                 # reduce-scatter and all-gather within the domain move the same bytes: one value
                 local = self._flat("reduce_scatter", n_bytes, pl, "local")

@@ -212,6 +212,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         overlap_grad_reduce=overlap_grad_reduce,
         tp_comm_overlap=flags.tp_comm_overlap,
         pp_comm_overlap=flags.pp_comm_overlap,
+        zero3_granularity="parameter" if flags.zero3_per_parameter else "block",
     )
     system = System(accelerator=get_accelerator(row.hardware), num_devices=row.num_devices)
     return system, model, recipe, layout, tuple(assumptions)
