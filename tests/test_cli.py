@@ -211,3 +211,20 @@ def test_zero3_granularity_flag_reaches_the_layout_and_the_step(capsys: pytest.C
     assert block["layout"]["zero3_granularity"] == "block"  # type: ignore[index]
     assert per_param["layout"]["zero3_granularity"] == "parameter"  # type: ignore[index]
     assert per_param["time"]["step_s"] > block["time"]["step_s"]  # type: ignore[index]
+
+
+def test_recompute_early_stop_flag_lowers_hardware_flops_not_model_flops(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["estimate", "llama-3-8b", "--hardware", "h100-sxm", "--devices", "8", "--zero", "3"]
+    argv += ["--seq-len", "4096", "--recompute", "full"]
+    whole = run_json(capsys, *argv)
+    early = run_json(capsys, *argv, "--recompute-early-stop")
+    assert whole["recipe"]["recompute_early_stop"] is False  # type: ignore[index]
+    assert early["recipe"]["recompute_early_stop"] is True  # type: ignore[index]
+    w, e = whole["throughput"], early["throughput"]
+    assert e["model_flops_per_step"] == w["model_flops_per_step"]  # type: ignore[index]
+    # one down projection per layer and sequence: 2·s·h·f · L · 8 sequences
+    skipped = 2 * 4096 * 4096 * 14336 * 32 * 8
+    assert w["hardware_flops_per_step"] - e["hardware_flops_per_step"] == pytest.approx(skipped)  # type: ignore[index,operator]
+    assert early["time"]["step_s"] < whole["time"]["step_s"]  # type: ignore[index,operator]

@@ -92,6 +92,15 @@ TORCHTITAN_PLANS = [
     pytest.param({"model": "llama-3.1-8b", "devices": 8, "zero": 3}, id="fsdp"),
     pytest.param({"model": "llama-3.1-8b", "devices": 8, "zero": 0}, id="ddp"),
     pytest.param(
+        {
+            "model": "llama-3.1-8b",
+            "devices": 8,
+            "zero": 3,
+            "recipe": {"recompute": "full", "recompute_early_stop": True},
+        },
+        id="fsdp-full-recompute-early-stop",
+    ),
+    pytest.param(
         {"model": "llama-3.1-8b", "devices": 8, "zero": 2, "recipe": {"micro_batch": 2, "global_batch": 64}},
         id="zero2-accumulation",
     ),
@@ -171,6 +180,10 @@ def test_torchtitan_roundtrip(plan: dict[str, Any], tmp_path: Path) -> None:
         assert local == recipe.micro_batch
         assert accumulation == m
     assert cfg.activation_checkpoint.mode == recipe.recompute
+    # torchtitan passes early_stop to torch.utils.checkpoint: the job recomputes what the plan counts
+    assert cfg.activation_checkpoint.early_stop == (
+        recipe.recompute == "full" and recipe.recompute_early_stop
+    )
     assert cfg.model.name in ("llama3", "qwen3")
     assert ("quantize.linear.float8" in cfg.model.converters) == (recipe.precision == "fp8")
     # Async TP is the plan's TP overlap; torchtitan applies it only under torch.compile.
@@ -484,3 +497,15 @@ def test_cli_export_error_names_field(capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("trainplan: error: pp:") and len(err.strip().splitlines()) == 1
+
+
+def test_full_recompute_warnings_name_the_checkpoint_semantics() -> None:
+    """Accelerate's FSDP2 checkpointing stops early; other backends are told which variant matches."""
+    for early in (False, True):
+        recipe = {"recompute": "full", "recompute_early_stop": early}
+        fsdp = export_plan("accelerate", *_plan("llama-3.1-8b", 8, recipe, zero=3))
+        assert any("--recompute-early-stop" in w for w in fsdp.warnings) == (not early)
+        ddp = export_plan("accelerate", *_plan("llama-3.1-8b", 8, recipe, zero=0))
+        assert any(f'"use_reentrant": {not early}' in w for w in ddp.warnings)
+        ds = export_plan("deepspeed", *_plan("llama-3.1-8b", 8, recipe, zero=1))
+        assert any("use_reentrant=False" in w for w in ds.warnings) == early

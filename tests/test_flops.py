@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from trainplan import flops as F
+from trainplan.errors import RecipeError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec, MoESpec
 from trainplan.recipe import LoRASpec, Recipe
@@ -230,6 +232,110 @@ def test_full_recompute_repeats_layers_not_the_head() -> None:
     step = F.step_flops(TINY, r)
     head = F.logits_forward_flops(TINY, 2, 8)
     assert step.recompute.flops == pytest.approx(step.forward.flops - head)
+
+
+def _early_stop_pair(
+    spec: ModelSpec, layout: Layout | None = None, **kw: object
+) -> tuple[F.StageFlops, F.StageFlops]:
+    """(recompute the whole block, early stop) on the only stage of ``layout``."""
+    layout = layout or Layout()
+    base = dict(seq_len=8, micro_batch=2, recompute="full", attention="eager")
+    base.update(kw)
+    whole = F.device_flops(spec, Recipe(**base), layout)[0]  # type: ignore[arg-type]
+    early = F.device_flops(spec, Recipe(**base, recompute_early_stop=True), layout)[0]  # type: ignore[arg-type]
+    return whole, early
+
+
+@pytest.mark.parametrize(("tp", "sp"), [(1, False), (2, False), (2, True)])
+def test_early_stop_recompute_skips_each_dense_down_projection(tp: int, sp: bool) -> None:
+    """PyTorch checkpoint with early stop: recompute = forward - 2·b·s·h·f/tp per dense layer, exactly."""
+    layout = Layout(tp=tp, sequence_parallel=sp)
+    whole, early = _early_stop_pair(TINY, layout)
+    b, s, h, f, e = 2, 8, 64, 160, 2
+    down = 2 * b * s * h * f / tp
+    head = F.logits_forward_flops(TINY, b, s) / tp
+    assert whole.recompute.gemm_flops == whole.forward.gemm_flops - head
+    assert early.recompute.gemm_flops == whole.recompute.gemm_flops - TINY.num_layers * down
+    assert early.recompute.attention_flops == whole.recompute.attention_flops
+    assert early.forward == whole.forward and early.backward == whole.backward
+    # the residual add after the MLP (3·T·h·e bytes) is not redone either; split like residuals
+    residual = 3 * b * s * h * e / (tp if sp else 1)
+    assert early.recompute.memory_bytes == whole.recompute.memory_bytes - TINY.num_layers * residual
+
+
+def test_early_stop_keeps_model_flops_and_lowers_hardware_flops() -> None:
+    r = Recipe(seq_len=8, micro_batch=2, global_batch=4, recompute="full")
+    whole = F.step_flops(TINY, r)
+    early = F.step_flops(
+        TINY, Recipe(seq_len=8, micro_batch=2, global_batch=4, recompute="full", recompute_early_stop=True)
+    )
+    assert early.model_flops == whole.model_flops
+    assert early.hardware_flops == whole.hardware_flops - TINY.num_layers * 2 * (4 * 8) * 64 * 160
+    # recompute none / selective: the switch changes nothing
+    for rc in ("none", "selective"):
+        a = F.step_flops(TINY, Recipe(seq_len=8, micro_batch=2, recompute=rc))  # type: ignore[arg-type]
+        b = F.step_flops(TINY, Recipe(seq_len=8, micro_batch=2, recompute=rc, recompute_early_stop=True))  # type: ignore[arg-type]
+        assert a == b
+
+
+@pytest.mark.parametrize(
+    ("method", "targets", "skipped"),
+    [
+        ("lora", ("q", "v", "down"), 2 * 16 * 4 * 64),  # LoRA B of down (r -> h) runs after the base
+        ("lora", ("q", "v"), 2 * 16 * 160 * 64),  # the frozen base down saves its weight, then runs
+        ("qlora", ("q", "v", "down"), 2 * 16 * 4 * 64),
+        ("qlora", ("q", "v"), 0),  # the NF4 matmul (an autograd Function) saves after it runs
+    ],
+)
+def test_early_stop_with_adapters(method: str, targets: tuple[str, ...], skipped: int) -> None:
+    whole, early = _early_stop_pair(TINY, method=method, lora=LoRASpec(rank=4, targets=targets))
+    assert early.recompute.gemm_flops == whole.recompute.gemm_flops - TINY.num_layers * skipped
+    assert early.dequant_bytes == whole.dequant_bytes  # the NF4 down projection is always redone
+
+
+def test_early_stop_skips_no_gemm_when_a_later_op_saves_the_mlp_output() -> None:
+    residual = TINY.num_layers * 3 * 2 * 8 * 64 * 2
+    cases = [
+        (TINY, {"precision": "fp8"}),  # torchao Float8Linear is an autograd Function
+        (TINY, {"dropout": 0.1}),  # the hidden dropout saves its mask after the down projection
+        (replace(TINY, name="tiny-post", post_norms=True), {}),  # Gemma 2's post-MLP norm
+    ]
+    for spec, kw in cases:
+        whole, early = _early_stop_pair(spec, **kw)
+        assert early.recompute.gemm_flops == whole.recompute.gemm_flops, kw
+        assert early.recompute.memory_bytes == whole.recompute.memory_bytes - residual, kw
+
+
+def test_early_stop_on_moe_layers() -> None:
+    b, s, h, e = 2, 8, 64, 2
+    t = b * s
+    moe = TINY_MOE.moe
+    assert moe is not None
+    dense_down = 2 * t * h * 160  # layer 0 is dense
+    # gated shared expert: the gate product saves the shared output, nothing skipped on MoE layers
+    whole, early = _early_stop_pair(TINY_MOE)
+    assert early.recompute.gemm_flops == whole.recompute.gemm_flops - dense_down
+    # ungated: the shared expert's down projection (48 wide) is the last save of both MoE layers
+    ungated = replace(TINY_MOE, moe=replace(moe, shared_expert_gate=False))
+    whole, early = _early_stop_pair(ungated)
+    assert early.recompute.gemm_flops == whole.recompute.gemm_flops - dense_down - 2 * (2 * t * h * 48)
+    # routed experts only: index_add (the combine) saves before it runs, so it is skipped too
+    routed = replace(
+        TINY_MOE,
+        moe=replace(moe, num_shared_experts=0, shared_expert_ffn_hidden=0, shared_expert_gate=False),
+    )
+    whole, early = _early_stop_pair(routed)
+    assert early.recompute.gemm_flops == whole.recompute.gemm_flops - dense_down
+    combine = (t * moe.top_k * h + t * h) * e
+    residual = 3 * t * h * e
+    assert early.recompute.memory_bytes == whole.recompute.memory_bytes - 3 * residual - 2 * combine
+
+
+def test_recompute_early_stop_must_be_a_bool() -> None:
+    with pytest.raises(RecipeError) as err:
+        Recipe(recompute="full", recompute_early_stop="yes")  # type: ignore[arg-type]
+    assert err.value.field == "recompute_early_stop"
+    assert "--recompute-early-stop" in str(err.value)
 
 
 def test_lora_frozen_base_backward_is_dx_only() -> None:

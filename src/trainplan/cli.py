@@ -82,6 +82,12 @@ def add_recipe_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -
         "--tokens", type=_positive_float, default=None, help="tokens to train for (time, cost, energy)"
     )
     g.add_argument("--recompute", choices=r.RECOMPUTES, default="none" if defaults else None)
+    g.add_argument(
+        "--recompute-early-stop",
+        action="store_true",
+        help="full recompute by PyTorch's non-reentrant checkpoint with early stop (FSDP2, torchtune, "
+        "Accelerate): the trailing GEMM no saved tensor needs is not recomputed",
+    )
     g.add_argument("--attention", choices=r.ATTENTIONS, default="flash" if defaults else None)
     g.add_argument("--offload", choices=r.OFFLOADS, default="none" if defaults else None)
     g.add_argument("--lora-rank", type=_positive_int, default=None)
@@ -207,6 +213,7 @@ def recipe_from_args(args: argparse.Namespace) -> object:
         loss_chunks=args.loss_chunks,
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
+        recompute_early_stop=args.recompute_early_stop,
     )
 
 

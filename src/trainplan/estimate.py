@@ -97,6 +97,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "global_batch": recipe.global_batch,
         "tokens": recipe.tokens,
         "recompute": recipe.recompute,
+        "recompute_early_stop": recipe.recompute_early_stop,
         "attention": recipe.attention,
         "offload": recipe.offload,
         "dropout": recipe.dropout,

@@ -32,8 +32,10 @@ Conventions
   3·attention_forward`` (frozen base: no weight gradients).
 * **Hardware FLOPs** (HFU numerator) add what the hardware really executes on top: the recompute
   forward (``full``: one more forward of every transformer layer, not of the LM head, as in
-  Megatron 2021 Eq. 3; ``selective``: one more forward of the attention core, Korthikanti 2022
-  Sec. 5) and FlashAttention's backward score recompute.
+  Megatron 2021 Eq. 3; with ``recompute_early_stop``, PyTorch's non-reentrant checkpoint, that
+  forward less the trailing ops no saved tensor depends on, :func:`early_stop_skip`;
+  ``selective``: one more forward of the attention core, Korthikanti 2022 Sec. 5) and
+  FlashAttention's backward score recompute.
 """
 
 from __future__ import annotations
@@ -479,6 +481,82 @@ def optimizer_update_bytes(trained_params: float, recipe: Recipe) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# Full recompute with early stop
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class RecomputeSkip:
+    """Forward work of one layer (all devices) that full recompute with early stop does not redo.
+
+    ``gemm_flops`` splits like the MLP GEMMs (tp, cp); ``memory_bytes`` (residual adds, the MoE
+    combine) like the residual traffic (cp, and tp only with sequence parallelism).
+    """
+
+    gemm_flops: float = 0.0
+    memory_bytes: float = 0.0
+
+
+def early_stop_skip(spec: ModelSpec, layer_idx: int, recipe: Recipe, b: float, s: float) -> RecomputeSkip:
+    """What PyTorch's non-reentrant checkpoint with early stop leaves out of a block's recompute.
+
+    ``torch.utils.checkpoint`` (``use_reentrant=False``, ``early_stop=True`` by default,
+    ``set_checkpoint_early_stop``) counts the tensors the recomputation saves for backward and
+    raises ``_StopRecomputationError`` from the saved-tensor pack hook once it has saved as many as
+    the original forward did (``torch/utils/checkpoint.py``, ``_recomputation_hook``). The ops
+    after the block's last save are therefore not re-run. Where that last save falls, in the
+    op order of the reference blocks (``trainplan.trace.models``; Hugging Face and torchtitan
+    blocks have the same order):
+
+    * A built-in autograd op saves its inputs *before* it runs, so a plain ``nn.Linear`` down
+      projection, whose input (trained weight) or weight (frozen base, LoRA) is saved, is the last
+      save of a dense block, and its forward GEMM ``2·T·f·h`` is skipped. With LoRA on ``down``
+      the adapter's ``B`` (``r → h``) runs last: its GEMM ``2·T·r·h`` is skipped, the base GEMM is
+      redone.
+    * A custom ``torch.autograd.Function`` saves when it returns, after its matmul: bitsandbytes'
+      ``MatMul4Bit`` (the QLoRA NF4 base; the down GEMM is redone unless LoRA ``B`` follows it)
+      and the FP8 / FP4 linears (torchao ``Float8Linear``'s ``matmul_with_hp_or_float8_args``,
+      ``MXLinear``'s ``mx_mm``): no GEMM is skipped with ``precision`` fp8 or fp4.
+    * A post-MLP norm (Gemma 2) saves the MLP output, a hidden dropout after the MLP its mask,
+      both after the down projection has run: no GEMM is skipped.
+    * MoE blocks: the routed experts end with ``index_add`` (the combine), which saves its index
+      and source before it runs, so without shared experts the combine scatter is skipped. Shared
+      experts run after it: with a sigmoid gate the gate product saves the shared output (nothing
+      skipped); ungated, the last shared expert's down projection is skipped as above.
+    * The residual add after the MLP saves nothing and is always skipped (both adds of a
+      parallel attention/MLP block, ``x + a + m``).
+
+    Memory-bound bytes of the skipped ops follow :class:`LayerMemoryTraffic` (a residual add
+    moves ``3·T·h·e`` bytes; the combine ``(T·K·h + T·h)·e``). GEMM output traffic is owned by
+    the GEMM roofline and needs no separate term.
+    """
+    _check_layer(spec, layer_idx)
+    t = b * s
+    h = spec.hidden_size
+    e = BYTES_PER_ELEMENT[recipe.weight_dtype]
+    adds = 2.0 if spec.parallel_attn_mlp else 1.0
+    memory = adds * 3.0 * t * h * e
+    moe = spec.moe
+    last_width = 0  # width of the down projection that runs after the block's last save, if any
+    saved_after_mlp = (spec.post_norms and not spec.parallel_attn_mlp) or recipe.dropout > 0.0
+    if saved_after_mlp:
+        last_width = 0  # the post-MLP norm / hidden dropout saves after the down projection ran
+    elif moe is not None and spec.is_moe_layer(layer_idx):
+        if not moe.num_shared_experts:
+            memory += (t * moe.top_k * h + t * h) * e
+        elif not moe.shared_expert_gate:
+            last_width = moe.shared_width
+    else:
+        last_width = spec.ffn_hidden
+    gemm = 0.0
+    lora = recipe.lora if recipe.is_peft else None
+    if last_width and recipe.precision not in ("fp8", "fp4"):
+        if lora is not None and "down" in lora.targets:
+            gemm = 2.0 * t * lora.rank * h
+        elif recipe.method != "qlora":
+            gemm = 2.0 * t * last_width * h
+    return RecomputeSkip(gemm_flops=gemm, memory_bytes=memory)
+
+
+# --------------------------------------------------------------------------------------------
 # Passes and steps
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
@@ -591,7 +669,14 @@ def _layer_passes(
     )
     model = (1.0 + base_bwd_factor) * weights_fwd + 3.0 * adapter_fwd + 3.0 * attn_fwd
 
-    if recipe.recompute == "full":
+    if recipe.recompute == "full" and recipe.recompute_early_stop:
+        skip = early_stop_skip(spec, i, recipe, b, s)
+        recompute = PassCost(
+            gemm_flops=forward.gemm_flops - skip.gemm_flops / tpcp,
+            attention_flops=forward.attention_flops,
+            memory_bytes=forward.memory_bytes - skip.memory_bytes / rep,
+        )
+    elif recipe.recompute == "full":
         recompute = forward
     elif recipe.recompute == "selective":
         core_bytes = (fwd_mem.softmax + fwd_mem.attention_io) / tpcp

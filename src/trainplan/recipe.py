@@ -123,6 +123,30 @@ class Recipe:
     """The optimizer step of each parameter runs inside the backward pass as soon as its gradient
     is ready, and the gradient is freed (torchtune ``optimizer_in_bwd``, via
     ``register_post_accumulate_grad_hook``): at most one parameter's gradient is alive."""
+    recompute_early_stop: bool = False
+    """How ``recompute="full"`` re-runs a checkpointed block in the backward (no effect otherwise).
+
+    ``False``: the whole block forward is run again. Megatron-LM's ``CheckpointFunction``
+    (``megatron/core/tensor_parallel/random.py``: ``backward`` calls
+    ``ctx.run_function(*detached_inputs)``, a reentrant checkpoint), Transformer Engine's
+    ``checkpoint`` (reentrant by default; its non-reentrant path recomputes everything too),
+    DeepSpeed's ``deepspeed.checkpointing.checkpoint`` (``CheckpointFunction``), and
+    ``torch.utils.checkpoint`` with ``use_reentrant=True`` or with early stop turned off, as
+    torchtitan 0.2 does by default (``[activation_checkpoint] early_stop = false``).
+
+    ``True``: PyTorch's non-reentrant ``torch.utils.checkpoint`` with early stop, its default
+    (``early_stop=True``; ``torch.utils.checkpoint.set_checkpoint_early_stop``). The
+    recomputation counts the tensors it saves again and raises ``_StopRecomputationError`` once
+    it has re-saved as many as the forward saved, so the trailing ops of the block whose outputs
+    nothing saved are not re-run: for a dense block the MLP down projection's GEMM, whose input
+    is saved before the matmul runs, and the residual add (:func:`trainplan.flops.early_stop_skip`).
+    This is what ``checkpoint_wrapper`` (``CheckpointImpl.NO_REENTRANT``) does under PyTorch FSDP /
+    FSDP2, torchtune's ``set_activation_checkpointing``, Accelerate's
+    ``fsdp_activation_checkpointing`` and torchtitan before 0.2.
+
+    Accepted with every ``recompute`` value (it describes the checkpointing engine, which a plan
+    keeps while it varies ``recompute``). It changes the full-recompute hardware FLOPs and
+    memory-bound bytes, hence step time and HFU, never model FLOPs (MFU)."""
     paged_optimizer: bool = False
     """Optimizer states in CUDA unified (managed) memory, as the bitsandbytes paged optimizers
     (``PagedAdamW``, ``PagedAdamW8bit``, ``PagedLion``; Dettmers et al. 2023, QLoRA Sec. 3 "Paged
@@ -154,6 +178,12 @@ class Recipe:
             raise RecipeError(
                 "loss_chunks",
                 f"{self.loss_chunks} chunks exceed the sequence length {self.seq_len}; use at most one per token",
+            )
+        if not isinstance(self.recompute_early_stop, bool):
+            raise RecipeError(
+                "recompute_early_stop",
+                f"must be true or false, got {self.recompute_early_stop!r} "
+                "(--recompute-early-stop: PyTorch non-reentrant checkpoint with early stop)",
             )
         if self.paged_optimizer and self.optimizer not in PAGED_OPTIMIZERS:
             raise RecipeError(

@@ -170,10 +170,21 @@ def build_config(
             "selective recompute (fsdp_activation_checkpointing checkpoints whole layers)",
             "plan with --recompute full or none, or export to torchtitan",
         )
-    if recipe.recompute == "full" and backend != "FSDP":
+    if recipe.recompute == "full" and backend == "FSDP" and not recipe.recompute_early_stop:
+        # accelerate/utils/fsdp_utils.py::fsdp2_apply_ac: checkpoint_wrapper(layer,
+        # preserve_rng_state=False), PyTorch's non-reentrant checkpoint with its default early stop
         warnings.append(
-            "recompute full: call model.gradient_checkpointing_enable() in the training script "
-            f"({backend} has no checkpointing key)"
+            "recompute full: fsdp_activation_checkpointing uses PyTorch's non-reentrant checkpoint, "
+            "which stops recomputing early (the MLP down projection is not redone); plan with "
+            "--recompute-early-stop for the matching estimate"
+        )
+    if recipe.recompute == "full" and backend != "FSDP":
+        reentrant = not recipe.recompute_early_stop
+        warnings.append(
+            "recompute full: call model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+            f'{{"use_reentrant": {reentrant}}}) in the training script ({backend} has no checkpointing '
+            f"key; use_reentrant={reentrant} recomputes what the plan counts, and the default differs "
+            "between transformers releases)"
         )
     if not recipe.master_weights:
         warnings.append(

@@ -144,10 +144,18 @@ def build_config(
             "partition_activations": layout.tp > 1,
             "contiguous_memory_optimization": False,
         }
-        warnings.append(
-            "recompute full: the model code must checkpoint each layer (deepspeed.checkpointing.checkpoint "
-            "or model.gradient_checkpointing_enable()); the activation_checkpointing section configures it"
-        )
+        if recipe.recompute_early_stop:
+            warnings.append(
+                "recompute full with early stop: checkpoint each layer with torch.utils.checkpoint"
+                "(use_reentrant=False) or model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+                '{"use_reentrant": False}); deepspeed.checkpointing.checkpoint recomputes whole layers '
+                "(the estimate without --recompute-early-stop)"
+            )
+        else:
+            warnings.append(
+                "recompute full: the model code must checkpoint each layer (deepspeed.checkpointing.checkpoint "
+                "or model.gradient_checkpointing_enable()); the activation_checkpointing section configures it"
+            )
     elif recipe.recompute == "selective":
         raise unsupported(
             TARGET,

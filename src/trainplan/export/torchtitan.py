@@ -27,8 +27,11 @@ rejects unknown keys. The keys and where torchtitan uses them:
     ``torchtitan/distributed/parallel_dims.py::ParallelDims``. Schedule names are those of
     ``torch.distributed.pipelining.schedules.get_schedule_class``; stage counts follow
     ``torchtitan/distributed/pipeline_parallel.py::pipeline_llm``.
-``[activation_checkpoint]`` ``mode``, ``selective_ac_option``
-    ``job_config.ActivationCheckpoint``.
+``[activation_checkpoint]`` ``mode``, ``selective_ac_option``, ``early_stop``
+    ``job_config.ActivationCheckpoint``. ``early_stop`` (default ``false``) is passed to
+    ``torch.utils.checkpoint`` by ``torchtitan/distributed/activation_checkpoint.py::_apply_full_ac``;
+    it is written for full recompute from ``Recipe.recompute_early_stop``, so the job recomputes
+    what the estimate counts (the whole block, or the block up to its last saved tensor).
 ``[compile]`` ``enable``, ``components``
     ``job_config.Compile``.
 ``[quantize.linear.float8]`` ``recipe_name``, ``enable_fsdp_float8_all_gather``,
@@ -375,6 +378,8 @@ def build_config(
             "components": ["model", "loss"],
         },
     }
+    if recipe.recompute == "full":
+        config["activation_checkpoint"]["early_stop"] = recipe.recompute_early_stop
     if recipe.recompute == "selective":
         config["activation_checkpoint"]["selective_ac_option"] = "op"
         warnings.append(

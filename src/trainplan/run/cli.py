@@ -124,6 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         layout=layout,
         precision=recipe.precision,
         recompute=recipe.recompute,
+        recompute_early_stop=recipe.recompute_early_stop,
         seq_len=recipe.seq_len,
         micro_batch=recipe.micro_batch,
         grad_accum=est.num_microbatches,

@@ -37,6 +37,7 @@ class RunConfig:
     lr: float
     seed: int
     device: Device
+    recompute_early_stop: bool = False  # Recipe.recompute_early_stop (full recompute only)
 
     @property
     def tokens_per_step(self) -> int:

@@ -10,7 +10,8 @@ checkpointing → data parallel. How each layout field maps to a PyTorch API:
   row-parallel o/down, vocabulary-parallel head and ``loss_parallel``); ``sequence_parallel``
   adds ``SequenceParallel`` norms.
 * ``recompute full`` — ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper`` (non-reentrant)
-  around every block.
+  around every block, with early stop as ``recompute_early_stop`` says
+  (:func:`trainplan.trace.step.apply_checkpointing`).
 * ``zero 0`` (dp > 1) — ``torch.nn.parallel.DistributedDataParallel``; with tp > 1 (DTensor
   parameters, which DDP does not take) the local gradient shards are averaged over the dp group
   with ``all_reduce`` after the backward.
@@ -169,7 +170,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     if layout.tp > 1:
         apply_tp(model, mesh["tp"], sequence_parallel=layout.sequence_parallel)
     if cfg.recompute == "full":
-        apply_checkpointing(model)
+        apply_checkpointing(model, early_stop=cfg.recompute_early_stop)
     if fsdp:
         apply_fsdp(model, mesh["dp"], precision=cfg.precision, zero=layout.zero)
     model.to_empty(device=device)

@@ -35,7 +35,12 @@ def _r(**kw: Any) -> Recipe:
 
 
 def matrix() -> list[MatrixEntry]:
-    """The configurations (dense and MoE, bf16/fp32, FSDP/TP/SP/checkpointing/LoRA/QLoRA)."""
+    """The configurations (dense and MoE, bf16/fp32, FSDP/TP/SP/checkpointing/LoRA/QLoRA).
+
+    Full recompute is traced as the recipe says: PyTorch's non-reentrant checkpoint with early
+    stop (``recompute_early_stop``, the default of ``torch.utils.checkpoint`` and of FSDP2 /
+    torchtune setups) or without it (the whole block again, as Megatron-LM's reentrant checkpoint).
+    """
     E = MatrixEntry
     out: list[MatrixEntry] = []
     for model in ("llama-3.2-1b", "llama-2-7b", "llama-3-8b", "qwen2.5-7b", "gpt2", "olmo-2-7b"):
@@ -45,8 +50,8 @@ def matrix() -> list[MatrixEntry]:
         E("gpt2", _r(precision="fp32", micro_batch=4), Layout(), 2),
         E("llama-3-8b", _r(micro_batch=4, seq_len=2048), Layout(), 2),
         E("llama-3-8b", _r(master_weights=False), Layout(), 2),
-        E("llama-3-8b", _r(recompute="full", micro_batch=2), Layout(), 3),
-        E("llama-2-7b", _r(recompute="full", precision="fp32"), Layout(), 3),
+        E("llama-3-8b", _r(recompute="full", recompute_early_stop=True, micro_batch=2), Layout(), 3),
+        E("llama-2-7b", _r(recompute="full", recompute_early_stop=True, precision="fp32"), Layout(), 3),
         E("llama-3-8b", _r(method="lora"), Layout(), 2),
         E("llama-2-7b", _r(method="lora", micro_batch=4), Layout(), 2),
         E("llama-3-8b", _r(method="qlora"), Layout(), 2),
@@ -54,7 +59,7 @@ def matrix() -> list[MatrixEntry]:
         E("llama-3-70b", _r(method="qlora"), Layout(), 2),
         E("llama-3-8b", _r(), Layout(dp=8, zero=3), 2),
         E("llama-3-8b", _r(precision="fp32"), Layout(dp=8, zero=3), 2),
-        E("llama-3-8b", _r(recompute="full"), Layout(dp=8, zero=3), 3),
+        E("llama-3-8b", _r(recompute="full", recompute_early_stop=True), Layout(dp=8, zero=3), 3),
         E("llama-3-70b", _r(), Layout(dp=64, zero=3), 2),
         E("llama-3-70b", _r(seq_len=4096), Layout(dp=32, zero=3), 2),
         E("llama-2-13b", _r(method="lora"), Layout(dp=4, zero=3), 2),
@@ -63,12 +68,17 @@ def matrix() -> list[MatrixEntry]:
         E("llama-3-8b", _r(), Layout(tp=4, sequence_parallel=True), 2),
         E("llama-3-70b", _r(), Layout(tp=8, sequence_parallel=True), 2),
         E("llama-3-70b", _r(), Layout(tp=8), 2),
-        E("llama-3-8b", _r(recompute="full"), Layout(tp=4, sequence_parallel=True), 3),
+        E(
+            "llama-3-8b",
+            _r(recompute="full", recompute_early_stop=True),
+            Layout(tp=4, sequence_parallel=True),
+            3,
+        ),
         E("llama-3-8b", _r(), Layout(dp=4, tp=2, zero=3), 2),
         E("llama-3-70b", _r(), Layout(dp=8, tp=8, zero=3, sequence_parallel=True), 2),
         E("mixtral-8x7b", _r(), Layout(), 1),
         E("mixtral-8x7b", _r(precision="fp32"), Layout(), 1),
-        E("mixtral-8x7b", _r(recompute="full"), Layout(), 2),
+        E("mixtral-8x7b", _r(recompute="full", recompute_early_stop=True), Layout(), 2),
         E("mixtral-8x7b", _r(), Layout(dp=8, zero=3), 2),
         E("mixtral-8x7b", _r(), Layout(tp=2), 1),
         E("qwen1.5-moe-a2.7b", _r(), Layout(), 2),
@@ -79,6 +89,25 @@ def matrix() -> list[MatrixEntry]:
         E("gpt2", _r(), Layout(), None),
         E("llama-3.2-1b", _r(seq_len=2048), Layout(dp=8, zero=3), None),
         E("pythia-160m", _r(precision="fp32"), Layout(), None),
+        # full recompute: the whole block again (reentrant semantics), and early stop where the
+        # block's last save moves (LoRA B, the NF4 base, a post-norm, a gated shared expert,
+        # a parallel block with biases)
+        E("llama-3-8b", _r(recompute="full", micro_batch=2), Layout(), 3),
+        E("llama-3-8b", _r(method="lora", recompute="full", recompute_early_stop=True), Layout(), 2),
+        E(
+            "llama-3-8b",
+            _r(
+                method="qlora",
+                lora=LoRASpec(targets=("q", "v")),
+                recompute="full",
+                recompute_early_stop=True,
+            ),
+            Layout(),
+            2,
+        ),
+        E("gemma-2-9b", _r(recompute="full", recompute_early_stop=True), Layout(), 2),
+        E("qwen1.5-moe-a2.7b", _r(recompute="full", recompute_early_stop=True), Layout(), 2),
+        E("pythia-160m", _r(precision="fp32", recompute="full", recompute_early_stop=True), Layout(), None),
     ]
     return out
 
@@ -180,38 +209,3 @@ UNEVEN_SHARDS_GAP = (
     "bytes in entry 38); the analytic model divides evenly, and the trace reports the difference "
     "(fsdp_uneven_shard_bytes)"
 )
-
-RECOMPUTE_FLOPS_GAP = (
-    "full recompute: the analytic GEMM count (one extra forward of every block) exceeds the traced "
-    "one by exactly the forward GEMM of each dense block's down projection, 2·b·s·h·f per layer "
-    "(4.4-5.0% of the step): torch.utils.checkpoint stops recomputing once the last tensor the "
-    "block saved has been recomputed (early stop, on by default), and the down projection's "
-    "input is that tensor, saved before its matmul runs"
-)
-
-
-def recompute_skipped_gemm_flops(entry: MatrixEntry) -> float:
-    """GEMM FLOPs that full recompute skips in the traced step (see RECOMPUTE_FLOPS_GAP).
-
-    Non-reentrant ``torch.utils.checkpoint`` with early stop (``set_checkpoint_early_stop``,
-    default on) raises ``_StopRecomputationError`` when the recomputation has re-saved as many
-    tensors as the forward saved. The last op of a dense block that saves a tensor is the down
-    projection, which saves its input before the matmul runs, so its forward GEMM (2·b·s·h·f) is
-    not recomputed. An MoE block ends with ``index_add``, which saves the weighted expert outputs
-    after every expert has run; with ungated shared experts the last one's down projection is
-    the last save instead.
-    """
-    from trainplan.models import load_model
-    from trainplan.trace.step import reduced_model
-
-    if entry.recipe.recompute != "full":
-        return 0.0
-    spec = reduced_model(load_model(entry.model), entry.depth)
-    tokens = entry.recipe.micro_batch * entry.recipe.seq_len
-    total = 0.0
-    for layer in range(spec.num_layers):
-        if not spec.is_moe_layer(layer):
-            total += 2.0 * tokens * spec.hidden_size * spec.ffn_hidden
-        elif spec.moe is not None and spec.moe.num_shared_experts and not spec.moe.shared_expert_gate:
-            total += 2.0 * tokens * spec.hidden_size * spec.moe.shared_width
-    return total

@@ -280,12 +280,25 @@ def _unwrap(block: nn.Module) -> Block:
     return inner
 
 
-def apply_checkpointing(model: ReferenceLM) -> None:
-    """Full activation checkpointing of every block (non-reentrant ``checkpoint_wrapper``)."""
+def apply_checkpointing(model: ReferenceLM, *, early_stop: bool) -> None:
+    """Full activation checkpointing of every block (non-reentrant ``checkpoint_wrapper``).
+
+    ``early_stop`` (``Recipe.recompute_early_stop``) is PyTorch's default: the recomputation
+    stops once every tensor the block saved has been saved again. ``False`` recomputes the whole
+    block, as a reentrant checkpoint (Megatron-LM, DeepSpeed) does. It is set with
+    ``torch.utils.checkpoint.set_checkpoint_early_stop`` around each checkpointed forward (the
+    flag is read when the forward runs; the ``early_stop`` argument of ``checkpoint`` is newer
+    than the oldest supported torch).
+    """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    def checkpoint_fn(function: Any, *args: Any, **kwargs: Any) -> Any:
+        with set_checkpoint_early_stop(early_stop):
+            return checkpoint(function, *args, use_reentrant=False, **kwargs)
 
     for i, block in enumerate(model.layers):
-        model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+        model.layers[i] = checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn, preserve_rng_state=False)
 
 
 def apply_fsdp(model: ReferenceLM, mesh: Any, recipe: Recipe) -> None:
@@ -353,9 +366,7 @@ def fsdp_uneven_shard_bytes(model: nn.Module, opt: Any) -> int:
         if extra <= 0:
             continue
         tensors = [p, *([p.grad] if p.grad is not None else [])]
-        tensors += [
-            v for k, v in states.get(p, {}).items() if k != "step" and isinstance(v, torch.Tensor)
-        ]
+        tensors += [v for k, v in states.get(p, {}).items() if k != "step" and isinstance(v, torch.Tensor)]
         extra_bytes += sum(extra * t.element_size() for t in tensors)
     return round(extra_bytes)
 
@@ -436,7 +447,7 @@ def trace_step(model: ModelSpec, recipe: Recipe, layout: Layout, *, depth: int |
         assert mesh is not None
         apply_tp(net, mesh["tp"], sequence_parallel=layout.sequence_parallel)
     if recipe.recompute == "full":
-        apply_checkpointing(net)
+        apply_checkpointing(net, early_stop=recipe.recompute_early_stop)
     if fsdp:
         assert mesh is not None
         apply_fsdp(net, mesh["dp"], recipe)

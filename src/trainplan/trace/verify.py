@@ -33,7 +33,7 @@ from typing import Any
 
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Recipe
+from trainplan.recipe import LORA_TARGETS, Recipe
 
 
 def compare_memory(mem: Any, tr: Any) -> list[TermRow]:
@@ -179,11 +179,14 @@ def _pct(e: float | None) -> str:
 def describe(recipe: Recipe, layout: Layout) -> str:
     parts = [recipe.method, recipe.precision, f"b={recipe.micro_batch}", f"s={recipe.seq_len}"]
     if recipe.recompute != "none":
-        parts.append(f"recompute={recipe.recompute}")
+        early = " early-stop" if recipe.recompute == "full" and recipe.recompute_early_stop else ""
+        parts.append(f"recompute={recipe.recompute}{early}")
     if not recipe.master_weights:
         parts.append("pure16")
     if recipe.lora is not None and recipe.method == "qlora" and not recipe.lora.double_quant:
         parts.append("no-dq")
+    if recipe.lora is not None and recipe.lora.targets != LORA_TARGETS:
+        parts.append("targets=" + "+".join(recipe.lora.targets))
     return " ".join(parts) + "; " + layout.describe()
 
 
