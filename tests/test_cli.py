@@ -228,3 +228,12 @@ def test_recompute_early_stop_flag_lowers_hardware_flops_not_model_flops(
     skipped = 2 * 4096 * 4096 * 14336 * 32 * 8
     assert w["hardware_flops_per_step"] - e["hardware_flops_per_step"] == pytest.approx(skipped)  # type: ignore[index,operator]
     assert early["time"]["step_s"] < whole["time"]["step_s"]  # type: ignore[index,operator]
+
+
+def test_grad_accumulation_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "llama-2-7b", "--hardware", "h100-sxm", "--devices", "8", "--global-batch", "64"]
+    fused = run_json(capsys, *argv)
+    auto = run_json(capsys, *argv, "--grad-accumulation", "autograd")
+    assert auto["layout"]["grad_accumulation"] == "autograd"  # type: ignore[index]
+    assert fused["time"]["grad_accum_s"] == 0.0  # type: ignore[index]
+    assert auto["time"]["grad_accum_s"] > 0  # type: ignore[index]

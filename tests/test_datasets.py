@@ -89,7 +89,12 @@ def test_judged_datasets_never_calibrate() -> None:
         assert {r.split for r in ALL[name]} == {"validate"}
     assert {r.split for r in ALL["korthikanti2022_table4"]} == {"calibrate"}
     calibrating = {name for name, rows in ALL.items() if any(r.split == "calibrate" for r in rows)}
-    assert calibrating == {"korthikanti2022_table4", "llmfoundry_mpt", "nemo2407_h100", "megatron_bridge_llama3"}
+    assert calibrating == {
+        "korthikanti2022_table4",
+        "llmfoundry_mpt",
+        "nemo2407_h100",
+        "megatron_bridge_llama3",
+    }
 
 
 def test_calibrate_rows_are_single_node_pretraining() -> None:
@@ -356,6 +361,14 @@ def _cells(**cells: str) -> _Cells:
     return _Cells("example", 2, cells)
 
 
+def _row_with(**changes: str) -> object:
+    """A published Megatron-LM Table 1 row with some cells changed, parsed as a timing row."""
+    from trainplan.validate.datasets import _rows, _timing
+
+    base = _rows("megatron2021_table1")[0]
+    return _timing(_Cells("example", 2, {**base.raw, **changes}))
+
+
 def test_recipe_flags_parse_and_name_bad_entries() -> None:
     flags = _cells(
         recipe_flags="paged_optimizer; optimizer_in_backward;no_master_weights;loss_chunks=8;"
@@ -383,6 +396,7 @@ def test_recipe_flags_parse_and_name_bad_entries() -> None:
         ("lora_targets=q+qkv", "'qkv' is not one of"),
         ("lora_rank=8;lora_rank=16", "lora_rank given twice"),
         ("rank=8", "unknown setting 'rank'"),
+        ("grad_accumulation=hook", "'hook' is not one of fused, autograd, main_grad"),
     ):
         with pytest.raises(DatasetError, match=match) as err:
             _cells(recipe_flags=bad).recipe_flags()
@@ -395,7 +409,8 @@ def test_recipe_flags_parse_and_name_bad_entries() -> None:
 
 def test_recipe_columns_default_where_absent() -> None:
     """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults
-    (the NVIDIA and torchtitan tables state only their runs' communication switches)."""
+    (the NVIDIA, Megatron-LM, llm-foundry and torchtitan tables state only their runs' communication,
+    gradient-accumulation and checkpoint switches)."""
     for name, rows in TIMING.items():
         if name == "torchtune_throughput":
             continue
@@ -406,6 +421,8 @@ def test_recipe_columns_default_where_absent() -> None:
                 tp_comm_overlap=f.tp_comm_overlap,
                 pp_comm_overlap=f.pp_comm_overlap,
                 zero3_per_parameter=f.zero3_per_parameter,
+                grad_accumulation=f.grad_accumulation,
+                recompute_early_stop=f.recompute_early_stop,
             )
             assert r.optimizer is None and r.offload is None and f == only_comm, r.name
 
@@ -494,3 +511,24 @@ def test_torchtune_rows_carry_their_config_recipe() -> None:
             assert recipe.lora is not None and r.method in ("lora", "qlora"), r.name
             assert (recipe.lora.rank, recipe.lora.alpha, recipe.lora.targets) == lora, r.name
             assert not any("LoRA" in a or "lora_" in a for a in built[4]), r.name
+
+
+def test_grad_accumulation_setting_is_checked() -> None:
+    """The Megatron-LM tables say how their code summed gradients."""
+    t1 = {r.recipe_flags.grad_accumulation for r in TIMING["megatron2021_table1"]}
+    assert t1 == {"autograd"}
+    t5 = {r.recipe_flags.grad_accumulation for r in TIMING["korthikanti2022_table5"]}
+    assert t5 == {"main_grad"}
+
+
+def test_early_stop_only_on_pytorch_checkpoint_rows() -> None:
+    """Non-reentrant torch.utils.checkpoint stops early from torch 2.1; Megatron-LM recomputes whole."""
+    for name, rows in TIMING.items():
+        for r in rows:
+            if r.recipe_flags.recompute_early_stop:
+                assert r.recompute == "full", r.name
+                assert name in ("torchtune_throughput", "torchtitan_llama3", "llmfoundry_mpt"), r.name
+    foundry = [r for r in TIMING["llmfoundry_mpt"] if r.recompute == "full"]
+    assert {r.recipe_flags.recompute_early_stop for r in foundry} == {True, False}  # torch 2.0 → 2.1
+    with pytest.raises(DatasetError, match="without full recompute"):
+        _row_with(recompute="none", recipe_flags="recompute_early_stop")

@@ -176,6 +176,14 @@ def add_layout_arguments(p: argparse.ArgumentParser) -> None:
         help="ZeRO-3 collectives: one per block, prefetched (FSDP/FSDP2, default) or one blocking "
         "gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
     )
+    g.add_argument(
+        "--grad-accumulation",
+        choices=("fused", "autograd", "main_grad"),
+        default="fused",
+        help="how micro-batch gradients are summed: inside the weight-gradient GEMM (Megatron-LM "
+        "--gradient-accumulation-fusion; default), by PyTorch autograd into .grad, or by a hook into "
+        "a main-gradient buffer (Megatron-LM LocalDDP 2021-2022)",
+    )
 
 
 def recipe_from_args(args: argparse.Namespace) -> object:
@@ -234,6 +242,7 @@ def layout_from_args(args: argparse.Namespace) -> object:
         tp_comm_overlap=args.tp_comm_overlap,
         pp_comm_overlap=args.pp_comm_overlap,
         zero3_granularity=args.zero3_granularity,
+        grad_accumulation=args.grad_accumulation,
     )
 
 
@@ -293,7 +302,9 @@ def render_estimate(est: object, *, binary: bool = False) -> str:
         f"trained) on {est.system.num_devices} × {est.system.accelerator.name}",
         f"recipe: {est.recipe.method}, {est.recipe.precision}, {est.recipe.optimizer}, seq {est.recipe.seq_len}, "
         f"micro-batch {est.recipe.micro_batch}, {est.num_microbatches} micro-batch(es)/step, "
-        f"recompute {est.recipe.recompute}, attention {est.recipe.attention}, offload {est.recipe.offload}",
+        f"recompute {est.recipe.recompute}"
+        f"{' (early stop)' if est.recipe.recompute == 'full' and est.recipe.recompute_early_stop else ''}, "
+        f"attention {est.recipe.attention}, offload {est.recipe.offload}",
         f"layout: {est.layout.describe()}",
         "",
         f"memory per device (pipeline stage {mem.stage}, peak in the {mem.peak_phase} phase), {unit} "

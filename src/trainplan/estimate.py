@@ -131,6 +131,7 @@ def layout_to_dict(layout: Layout) -> dict[str, object]:
         "tp_comm_overlap": layout.tp_comm_overlap,
         "pp_comm_overlap": layout.pp_comm_overlap,
         "zero3_granularity": layout.zero3_granularity,
+        "grad_accumulation": layout.grad_accumulation,
     }
 
 

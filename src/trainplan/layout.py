@@ -47,6 +47,15 @@ PIPELINE_SCHEDULES: Final = get_args(PipelineSchedule)
 # module runs — DeepSpeed ZeRO-3 as released in 2021 (``stage3.py`` ``fetch_sub_module``).
 Zero3Granularity = Literal["block", "parameter"]
 ZERO3_GRANULARITIES: Final = get_args(Zero3Granularity)
+# How gradients of the step's micro-batches are summed (``timing.grad_accumulation_bytes``):
+# "fused": inside the weight-gradient GEMM (Megatron-LM ``--gradient-accumulation-fusion``, cuBLAS
+# beta = 1 into the FP32 main gradient; FSDP/ZeRO-2/3 reduce-scatter each micro-batch and add only
+# their shard), no separate pass; "autograd": PyTorch's AccumulateGrad adds each later
+# micro-batch's gradient into ``.grad`` (DDP with ``no_sync``; Megatron-LM 2021's LocalDDP without
+# contiguous buffers); "main_grad": a backward hook adds ``.grad`` into a contiguous main-gradient
+# buffer after every micro-batch (Megatron-LM LocalDDP with contiguous buffers, 2021-2022).
+GradAccumulation = Literal["fused", "autograd", "main_grad"]
+GRAD_ACCUMULATIONS: Final = get_args(GradAccumulation)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +73,7 @@ class Layout:
     tp_comm_overlap: bool = False  # sequence-parallel collectives overlapped with the linear GEMMs
     pp_comm_overlap: bool = False  # pipeline sends overlapped with other micro-batches' compute
     zero3_granularity: Zero3Granularity = "block"  # see ZERO3_GRANULARITIES
+    grad_accumulation: GradAccumulation = "fused"  # see GRAD_ACCUMULATIONS
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
@@ -93,6 +103,11 @@ class Layout:
             raise LayoutError(
                 "zero3_granularity",
                 f"unknown granularity {self.zero3_granularity!r}; choose {', '.join(ZERO3_GRANULARITIES)}",
+            )
+        if self.grad_accumulation not in GRAD_ACCUMULATIONS:
+            raise LayoutError(
+                "grad_accumulation",
+                f"unknown gradient accumulation {self.grad_accumulation!r}; choose {', '.join(GRAD_ACCUMULATIONS)}",
             )
         if self.zero3_granularity != "block" and self.zero != 3:
             raise LayoutError(
@@ -130,6 +145,7 @@ class Layout:
         tp_comm_overlap: bool = False,
         pp_comm_overlap: bool = False,
         zero3_granularity: Zero3Granularity = "block",
+        grad_accumulation: GradAccumulation = "fused",
     ) -> Layout:
         """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
         if not isinstance(devices, int) or devices <= 0:
@@ -158,6 +174,7 @@ class Layout:
             tp_comm_overlap=tp_comm_overlap,
             pp_comm_overlap=pp_comm_overlap,
             zero3_granularity=zero3_granularity,
+            grad_accumulation=grad_accumulation,
         )
 
     @property
@@ -231,6 +248,8 @@ class Layout:
         parts.append(f"zero={self.zero}")
         if self.zero3_granularity != "block":
             parts.append(f"per-{self.zero3_granularity} gathers")
+        if self.grad_accumulation != "fused":
+            parts.append(f"grad-accumulation={self.grad_accumulation}")
         if self.sequence_parallel:
             parts.append("sp+overlap" if self.tp_comm_overlap else "sp")
         if self.pp > 1:

@@ -10,6 +10,8 @@ For the busiest pipeline stage, one device, one optimizer step with m micro-batc
                                             what exceeds the stage's compute)
            + exposed_dp_s                   data-parallel / ZeRO traffic not hidden by compute
            + bubble_s                       pipeline fill and drain (schedule-dependent)
+           + grad_accum_s                   summing the micro-batches' gradients outside the GEMMs
+                                            (memory-bound; ``grad_accumulation_bytes``)
            + optimizer_s                    the optimizer update (memory-bound), on the device
            + offload_s                      host-link transfers and the CPU step under offload
 
@@ -46,6 +48,7 @@ from importlib import resources
 from typing import Final
 
 from trainplan.comm import Collective, group_placement, network_from_system, step_collectives
+from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency
 from trainplan.flops import (
     PassCost,
@@ -148,6 +151,7 @@ class TimeBreakdown:
     stage: int
     gemm_efficiency: float  # FLOP-weighted η_gemm of the stage's GEMMs
     kappa: float  # training-stack factor applied to compute (1 = uncalibrated)
+    grad_accum_s: float = 0.0  # summing the micro-batches' gradients outside the GEMMs
     collectives: tuple[Collective, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -162,6 +166,7 @@ class TimeBreakdown:
             ("pipeline send/recv", self.pp_p2p_s),
             ("data-parallel / ZeRO comm (exposed)", self.exposed_dp_s),
             ("pipeline bubble", self.bubble_s),
+            ("gradient accumulation", self.grad_accum_s),
             ("optimizer step", self.optimizer_s),
             ("offload transfers + CPU step", self.offload_s),
         ]
@@ -183,6 +188,7 @@ class TimeBreakdown:
             "pp_p2p_s": self.pp_p2p_s,
             "exposed_dp_s": self.exposed_dp_s,
             "bubble_s": self.bubble_s,
+            "grad_accum_s": self.grad_accum_s,
             "optimizer_s": self.optimizer_s,
             "offload_s": self.offload_s,
             "micro_batches": self.micro_batches,
@@ -324,6 +330,43 @@ def overlapped_tp_s(colls: tuple[Collective, ...], gemm_s: dict[str, float]) -> 
             )
             exposed += c_rs / TP_OVERLAP_PIPELINE_SPLITS
     return exposed
+
+
+def grad_accumulation_bytes(
+    trainable_params_on_device: float, recipe: Recipe, layout: Layout, micro_batches: int
+) -> float:
+    """HBM bytes one device moves per step to sum its micro-batches' gradients outside the GEMMs.
+
+    With e the gradient dtype's bytes (the recipe's weight dtype) and P the device's trained
+    parameters, per ``layout.grad_accumulation``:
+
+    * ``fused``: 0 — the weight-gradient GEMM accumulates into the gradient buffer itself
+      (Megatron-LM ``--gradient-accumulation-fusion``: ``fused_weight_gradient_mlp_cuda``
+      ``wgrad_gemm_accum_fp32``, ``megatron/core/tensor_parallel/layers.py``); FSDP / ZeRO-2/3
+      reduce-scatter every micro-batch and only add shards, which this term neglects.
+    * ``autograd``: PyTorch's ``AccumulateGrad`` keeps the first micro-batch's gradient as
+      ``.grad`` and adds each later one in place (``.grad += g``: read both, write one):
+      ``(m − 1) · 3e · P``. ZeRO-2/3 reduce-scatter every micro-batch, so P is the shard
+      ``P / (dp·cp)``.
+    * ``main_grad``: Megatron-LM's LocalDDP with contiguous buffers (``megatron/model/distributed.py``
+      ``_make_param_hook``: ``param.main_grad.add_(param.grad.data)``, 2021-2022) adds ``.grad``
+      into the main-gradient buffer after every micro-batch: ``m · (e + 2e_main) · P``, e_main
+      4 bytes (FP32) with BF16 weights (``megatron/arguments.py`` forces FP32 accumulation for
+      BF16) and for FP32 training, else e.
+
+    Example: 1.65 B parameters per device in FP16, 16 micro-batches, ``autograd``:
+    15 · 6 B · 1.65e9 = 149 GB, 87 ms at 1.7 TB/s.
+    """
+    m = micro_batches
+    e = float(BYTES_PER_ELEMENT[recipe.weight_dtype])
+    p = trainable_params_on_device
+    if layout.grad_accumulation == "autograd":
+        shard = layout.shard_group if layout.zero >= 2 else 1
+        return (m - 1) * 3.0 * e * p / shard
+    if layout.grad_accumulation == "main_grad":
+        e_main = 4.0 if recipe.weight_dtype in ("bf16", "fp32") else e
+        return m * (e + 2.0 * e_main) * p
+    return 0.0
 
 
 def gemm_peak_flops_per_s(system: System, recipe: Recipe) -> float:
@@ -498,6 +541,8 @@ def step_time(
             passes = 3 if recipe.recompute == "full" else 2
             offload_s += max(0.0, m * passes * weights / host_bw - m * (t_f + t_b))
 
+    grad_accum_s = grad_accumulation_bytes(mem.trainable_params_on_device, recipe, layout, m) / bw
+
     return TimeBreakdown(
         compute_s=m * t_mb,
         forward_s=m * t_f,
@@ -511,6 +556,7 @@ def step_time(
         bubble_s=bubble,
         optimizer_s=optimizer_s,
         offload_s=offload_s,
+        grad_accum_s=grad_accum_s,
         micro_batches=m,
         stage=busiest.stage,
         gemm_efficiency=eta,

@@ -324,6 +324,7 @@ TIME_FIELDS: Final = (
     "pp_p2p_s",
     "exposed_dp_s",
     "bubble_s",
+    "grad_accum_s",
     "optimizer_s",
     "offload_s",
     "step_s",
@@ -514,6 +515,10 @@ class BulkResult:
         return self._time_array("offload_s")
 
     @functools.cached_property
+    def grad_accum_s(self) -> FloatArray:
+        return self._time_array("grad_accum_s")
+
+    @functools.cached_property
     def step_s(self) -> FloatArray:
         return self._time_array("step_s")
 
@@ -561,6 +566,7 @@ class BulkResult:
             "time.pp_p2p_s": float(self.pp_p2p_s[i]),
             "time.exposed_dp_s": float(self.exposed_dp_s[i]),
             "time.bubble_s": float(self.bubble_s[i]),
+            "time.grad_accum_s": float(self.grad_accum_s[i]),
             "time.optimizer_s": float(self.optimizer_s[i]),
             "time.offload_s": float(self.offload_s[i]),
             "throughput.tokens_per_s": float(self.tokens_per_s[i]),
@@ -1582,6 +1588,8 @@ class BulkEvaluator:
         # Lower bound of the bubble: compute only (the exact bubble below adds communication).
         bubble = pipeline_bubble(t_mb)
         trained_shard = trainable / np.where(zero >= 1, shard_size, 1)
+        # timing.grad_accumulation_bytes: 0 for the "fused" accumulation of every planned layout
+        grad_accum_s = np.zeros(n)
         update = trained_shard * self._c_update[core]
         off = self._c_off[core]
         optimizer_s = np.where(off == 0, update / bw, 0.0)
@@ -1718,6 +1726,7 @@ class BulkEvaluator:
             + pp_s
             + exposed_dp
             + bubble
+            + grad_accum_s
             + optimizer_s
             + offload_s
         )
@@ -1749,6 +1758,7 @@ class BulkEvaluator:
             "pp_p2p_s": pp_s,
             "exposed_dp_s": exposed_dp,
             "bubble_s": bubble,
+            "grad_accum_s": grad_accum_s,
             "optimizer_s": optimizer_s,
             "offload_s": offload_s,
             "step_s": step_s,

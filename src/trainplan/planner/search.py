@@ -517,7 +517,7 @@ def _binds(est: Estimate) -> list[str]:
         "compute": t.compute_s,
         "interconnect": comm_s,
         "pipeline bubble": t.bubble_s,
-        "optimizer step / offload": t.optimizer_s + t.offload_s,
+        "gradient accumulation / optimizer step / offload": t.grad_accum_s + t.optimizer_s + t.offload_s,
     }
     name, val = max(groups.items(), key=lambda kv: kv[1])
     if name == "compute":

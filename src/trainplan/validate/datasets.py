@@ -35,6 +35,7 @@ from importlib import resources
 from typing import Final, Literal, get_args
 
 from trainplan.errors import TrainplanError
+from trainplan.layout import GRAD_ACCUMULATIONS
 from trainplan.recipe import LORA_TARGETS, OFFLOADS, OPTIMIZERS
 
 Split = Literal["calibrate", "validate"]
@@ -103,8 +104,9 @@ RECIPE_SWITCHES: Final = (
     "tp_comm_overlap",
     "pp_comm_overlap",
     "zero3_per_parameter",
+    "recompute_early_stop",
 )
-RECIPE_SETTINGS: Final = ("loss_chunks", "lora_rank", "lora_alpha", "lora_targets")
+RECIPE_SETTINGS: Final = ("loss_chunks", "lora_rank", "lora_alpha", "lora_targets", "grad_accumulation")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +131,10 @@ class RecipeFlags:
                                ``overlap_p2p_comm``) → ``Layout.pp_comm_overlap``
         zero3_per_parameter    ZeRO-3 gathering parameter by parameter, each gather waited on
                                (DeepSpeed ZeRO-3 as of 2021) → ``Layout.zero3_granularity``
+        recompute_early_stop   full recompute by PyTorch's non-reentrant checkpoint with early stop
+                               (the default of torch.utils.checkpoint) → ``Recipe.recompute_early_stop``
+        grad_accumulation=G    how the run summed its micro-batches' gradients: fused, autograd
+                               or main_grad → ``Layout.grad_accumulation``
 
     Empty cell: nothing stated beyond the other columns.
     """
@@ -141,6 +147,8 @@ class RecipeFlags:
     tp_comm_overlap: bool = False
     pp_comm_overlap: bool = False
     zero3_per_parameter: bool = False
+    recompute_early_stop: bool = False
+    grad_accumulation: str | None = None  # None: not stated (trainplan's default, "fused")
     loss_chunks: int | None = None  # None: not stated (one cross-entropy over all tokens)
     lora_rank: int | None = None
     lora_alpha: float | None = None
@@ -290,7 +298,7 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             name="megatron2021_table1",
             kind="timing",
             metric="step_s",
-            mape_bound=0.06,
+            mape_bound=0.05,
             description="GPT 1.7B-1T weak scaling on A100-80GB, TP/PP/DP, full recompute; step time from Eq. 3",
             source=_SRC_MEGATRON,
             target=0.05,
@@ -368,7 +376,7 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             name="torchtune_throughput",
             kind="timing",
             metric="tokens_per_s",
-            mape_bound=0.20,
+            mape_bound=0.25,
             description="torchtune full/LoRA/QLoRA fine-tuning tokens/s on RTX 4090, A6000, A100, "
             "each row with the recipe of its torchtune config",
             source="pytorch/torchtune README.md 'Memory and training speed' and recipes/configs/ (30b8519e8, 0217d44c2)",
@@ -492,7 +500,13 @@ class _Cells:
             for t in targets:
                 if t not in LORA_TARGETS:
                     raise self.fail(column, f"lora_targets: {t!r} is not one of {', '.join(LORA_TARGETS)}")
+        accumulation = settings.get("grad_accumulation")
+        if accumulation is not None and accumulation not in GRAD_ACCUMULATIONS:
+            raise self.fail(
+                column, f"grad_accumulation: {accumulation!r} is not one of {', '.join(GRAD_ACCUMULATIONS)}"
+            )
         return RecipeFlags(
+            grad_accumulation=accumulation,
             paged_optimizer="paged_optimizer" in switches,
             optimizer_in_backward="optimizer_in_backward" in switches,
             master_weights="no_master_weights" not in switches,
@@ -501,6 +515,7 @@ class _Cells:
             tp_comm_overlap="tp_comm_overlap" in switches,
             pp_comm_overlap="pp_comm_overlap" in switches,
             zero3_per_parameter="zero3_per_parameter" in switches,
+            recompute_early_stop="recompute_early_stop" in switches,
             loss_chunks=positive_int("loss_chunks"),
             lora_rank=positive_int("lora_rank"),
             lora_alpha=alpha,
@@ -594,6 +609,8 @@ def _timing(c: _Cells) -> TimingRow:
     flags = c.recipe_flags()
     if flags.has_lora and method not in ("lora", "qlora"):
         raise c.fail("recipe_flags", f"LoRA settings on a {method!r} row")
+    if flags.recompute_early_stop and c.text("recompute") != "full":
+        raise c.fail("recipe_flags", "recompute_early_stop on a row without full recompute")
     return TimingRow(
         name=c.text("name"),
         dataset=c.dataset,

@@ -198,6 +198,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         loss_chunks=flags.loss_chunks or 1,
         optimizer_in_backward=flags.optimizer_in_backward,
         paged_optimizer=flags.paged_optimizer,
+        recompute_early_stop=flags.recompute_early_stop,
     )
     layout = Layout(
         dp=row.dp,
@@ -213,6 +214,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         tp_comm_overlap=flags.tp_comm_overlap,
         pp_comm_overlap=flags.pp_comm_overlap,
         zero3_granularity="parameter" if flags.zero3_per_parameter else "block",
+        grad_accumulation=flags.grad_accumulation or "fused",  # type: ignore[arg-type]
     )
     system = System(accelerator=get_accelerator(row.hardware), num_devices=row.num_devices)
     return system, model, recipe, layout, tuple(assumptions)
