@@ -84,7 +84,7 @@ class RunReport:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """Stable keys: ``measured.{step_s,tokens_per_s,peak_bytes,losses}``,
+        """Stable keys: ``measured.{step_s,tokens_per_s,peak_bytes,peak_reserved_bytes,losses}``,
         ``predicted.{step_s,tokens_per_s,peak_bytes}``, ``config``."""
         m = self.measured
         est = self.estimate
@@ -95,6 +95,7 @@ class RunReport:
                 "tokens_per_s": m["tokens_per_s"],
                 "peak_bytes": m["peak_bytes"],
                 "peak_kind": m["peak_kind"],
+                "peak_reserved_bytes": m.get("peak_reserved_bytes"),
                 "peak_bytes_per_rank": m["peak_bytes_per_rank"],
                 "losses": m["losses"],
                 "step_times_s": m["step_times_s"],

@@ -260,6 +260,10 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     peak, kind = peak_bytes(device)
     peaks: list[Any] = [None] * world
     dist.all_gather_object(peaks, peak)
+    # The caching allocator's high-water mark of reserved segments: allocated + fragmentation.
+    reserved = int(torch.cuda.max_memory_reserved(device)) if device.type == "cuda" else None
+    reserveds: list[Any] = [None] * world
+    dist.all_gather_object(reserveds, reserved)
     step_times: list[Any] = [None] * world
     dist.all_gather_object(step_times, times)
     # A step ends when its slowest rank ends: per step, the maximum over ranks.
@@ -277,6 +281,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         "peak_bytes": max(int(p) for p in peaks),
         "peak_bytes_per_rank": [int(p) for p in peaks],
         "peak_kind": kind,
+        "peak_reserved_bytes": None if reserved is None else max(int(r) for r in reserveds),
         "backend": dist.get_backend(),
         "torch_version": torch.__version__,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
