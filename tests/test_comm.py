@@ -313,29 +313,12 @@ def test_spanning_ring_pays_nccls_step_latencies(kind: C.CollectiveKind) -> None
     assert C.hierarchical_s(kind, 1.0, n_l, n_l, fast_up, fast_up) == pytest.approx((n_l - 1) * 2e-6)
 
 
-def _gpt(layers: int = 8) -> ModelSpec:
-    return ModelSpec(
-        name="gpt",
-        family="megatron",
-        num_layers=layers,
-        hidden_size=1024,
-        num_heads=16,
-        num_kv_heads=16,
-        head_dim=64,
-        ffn_hidden=4096,
-        vocab_size=51200,
-        activation="gelu",
-        norm="layernorm",
-        position="learned",
-        tied_embeddings=True,
-        qkv_bias=True,
-        attn_out_bias=True,
-        mlp_bias=True,
-    )
-
-
 def test_zero3_gather_units() -> None:
-    spec = _gpt(layers=10)
+    from dataclasses import replace
+
+    from trainplan.models import load_model
+
+    spec = replace(load_model("gpt-22b"), num_layers=10)  # Megatron GPT: biases, LayerNorm, tied
     assert C.zero3_gather_units(spec, Layout(dp=8, zero=3)) == 10 + 1
     assert C.zero3_gather_units(spec, Layout(dp=2, pp=4, zero=3)) == 3 + 1  # ⌈10/4⌉ blocks
     per_param = Layout(dp=8, zero=3, zero3_granularity="parameter")
