@@ -237,3 +237,17 @@ def test_grad_accumulation_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert auto["layout"]["grad_accumulation"] == "autograd"  # type: ignore[index]
     assert fused["time"]["grad_accum_s"] == 0.0  # type: ignore[index]
     assert auto["time"]["grad_accum_s"] > 0  # type: ignore[index]
+
+
+def test_stack_flag_sets_the_calibrated_kappa(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "llama-3.1-8b", "--hardware", "h100-sxm", "--devices", "8", "--zero", "3"]
+    mega = run_json(capsys, *argv)
+    torch_stack = run_json(capsys, *argv, "--stack", "pytorch")
+    assert mega["recipe"]["stack"] == "megatron"  # type: ignore[index]
+    assert torch_stack["recipe"]["stack"] == "pytorch"  # type: ignore[index]
+    assert torch_stack["time"]["kappa"] < mega["time"]["kappa"]  # type: ignore[index,operator]
+    assert torch_stack["time"]["step_s"] > mega["time"]["step_s"]  # type: ignore[index,operator]
+    assert (
+        main(["plan", "llama-3.1-8b", "--hardware", "h100-sxm", "--max-devices", "8", "--stack", "pytorch"])
+        == 0
+    )

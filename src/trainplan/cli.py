@@ -83,6 +83,13 @@ def add_recipe_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -
     )
     g.add_argument("--recompute", choices=r.RECOMPUTES, default="none" if defaults else None)
     g.add_argument(
+        "--stack",
+        choices=r.STACKS,
+        default="megatron" if defaults else None,
+        help="training software, for the calibrated compute efficiency: megatron (Megatron-Core, NeMo, "
+        "Megatron Bridge) or pytorch (torchtitan, torchtune, FSDP/FSDP2, llm-foundry, Accelerate)",
+    )
+    g.add_argument(
         "--recompute-early-stop",
         action="store_true",
         help="full recompute by PyTorch's non-reentrant checkpoint with early stop (FSDP2, torchtune, "
@@ -222,6 +229,7 @@ def recipe_from_args(args: argparse.Namespace) -> object:
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
         recompute_early_stop=args.recompute_early_stop,
+        stack=args.stack,
     )
 
 
@@ -335,7 +343,10 @@ def render_estimate(est: object, *, binary: bool = False) -> str:
         f"MFU {100 * thr.mfu:.1f}% (model FLOPs / dense {est.recipe.gemm_dtype} peak), HFU {100 * thr.hfu:.1f}%"
     )
     if t.kappa != 1.0:
-        lines.append(f"  (compute efficiency calibrated: κ = {t.kappa:.3f} for this accelerator generation)")
+        lines.append(
+            f"  (compute efficiency calibrated: κ = {t.kappa:.3f} for this accelerator generation "
+            f"and the {est.recipe.stack} stack)"
+        )
     for note in t.notes:
         lines.append(f"  note: {note}")
     run = est.run

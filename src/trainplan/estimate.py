@@ -98,6 +98,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "tokens": recipe.tokens,
         "recompute": recipe.recompute,
         "recompute_early_stop": recipe.recompute_early_stop,
+        "stack": recipe.stack,
         "attention": recipe.attention,
         "offload": recipe.offload,
         "dropout": recipe.dropout,

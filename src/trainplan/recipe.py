@@ -29,6 +29,11 @@ Optimizer = Literal["adamw", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["flash", "eager"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
+# The training software, which sets the calibrated compute factor κ (``timing.calibrated_kappa``):
+# "megatron" — Megatron-LM / Megatron-Core and what runs on it (NeMo, Megatron Bridge), with
+# Transformer Engine's fused kernels; "pytorch" — stacks built on PyTorch's own modules and
+# FSDP (torchtitan, torchtune, llm-foundry / Composer, Accelerate, plain FSDP2 / DDP).
+Stack = Literal["megatron", "pytorch"]
 
 METHODS: Final = get_args(Method)
 PRECISIONS: Final = get_args(Precision)
@@ -36,6 +41,7 @@ OPTIMIZERS: Final = get_args(Optimizer)
 RECOMPUTES: Final = get_args(Recompute)
 ATTENTIONS: Final = get_args(Attention)
 OFFLOADS: Final = get_args(Offload)
+STACKS: Final = get_args(Stack)
 
 LORA_TARGETS: Final = ("q", "k", "v", "o", "gate", "up", "down")
 PAGED_OPTIMIZERS: Final = (
@@ -147,6 +153,9 @@ class Recipe:
     Accepted with every ``recompute`` value (it describes the checkpointing engine, which a plan
     keeps while it varies ``recompute``). It changes the full-recompute hardware FLOPs and
     memory-bound bytes, hence step time and HFU, never model FLOPs (MFU)."""
+    stack: Stack = "megatron"
+    """The training software (``STACKS``): its calibrated κ is what the compute terms are divided
+    by; each stack's κ is fitted on its own calibration split (``validate/calibrate.py``)."""
     paged_optimizer: bool = False
     """Optimizer states in CUDA unified (managed) memory, as the bitsandbytes paged optimizers
     (``PagedAdamW``, ``PagedAdamW8bit``, ``PagedLion``; Dettmers et al. 2023, QLoRA Sec. 3 "Paged
@@ -160,6 +169,7 @@ class Recipe:
         _check_choice("recompute", self.recompute, RECOMPUTES)
         _check_choice("attention", self.attention, ATTENTIONS)
         _check_choice("offload", self.offload, OFFLOADS)
+        _check_choice("stack", self.stack, STACKS)
         for name in ("seq_len", "micro_batch"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:

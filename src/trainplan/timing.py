@@ -42,6 +42,7 @@ Sec. 2.2; Qi et al. 2023 for zero bubble)::
 from __future__ import annotations
 
 import functools
+import math
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -108,17 +109,56 @@ def flash_attention_efficiency(accelerator_name: str) -> tuple[float, bool]:
 
 
 @functools.cache
-def _calibration() -> dict[str, float]:
+def _calibration() -> dict[tuple[str, str], float]:
+    """(stack, generation) -> κ from ``calibration.toml`` (entries without a stack: Megatron)."""
     text = (
         resources.files("trainplan.hardware").joinpath("data", "calibration.toml").read_text(encoding="utf-8")
     )
     doc = tomllib.loads(text)
-    return {str(g["name"]): float(g["kappa"]) for g in doc.get("generation", [])}
+    return {
+        (str(g.get("stack", "megatron")), str(g["name"])): float(g["kappa"])
+        for g in doc.get("generation", [])
+    }
 
 
-def calibrated_kappa(accelerator_name: str) -> float | None:
-    """κ of the device's generation (``validate/calibrate.py``), or None when uncalibrated."""
-    return _calibration().get(GENERATION.get(accelerator_name, ""))
+def stack_ratio(stack: str) -> float | None:
+    """Geometric mean of κ[stack] / κ[megatron] over the generations where both are fitted."""
+    cal = _calibration()
+    ratios = [
+        k / cal[("megatron", g)] for (st, g), k in cal.items() if st == stack and ("megatron", g) in cal
+    ]
+    if not ratios:
+        return None
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
+def kappa_source(accelerator_name: str, stack: str = "megatron") -> str:
+    """How :func:`calibrated_kappa` got its value: "fitted", "ratio" or "none"."""
+    gen = GENERATION.get(accelerator_name, "")
+    cal = _calibration()
+    if (stack, gen) in cal:
+        return "fitted"
+    if ("megatron", gen) in cal and stack_ratio(stack) is not None:
+        return "ratio"
+    return "none"
+
+
+def calibrated_kappa(accelerator_name: str, stack: str = "megatron") -> float | None:
+    """κ of the device's generation for the training stack (``validate/calibrate.py``), or None.
+
+    Fitted where the stack has calibration rows on that generation; otherwise the Megatron κ of
+    the generation times the stack's mean ratio to Megatron over the generations fitted for both
+    (:func:`stack_ratio`); None when the generation has no Megatron κ either.
+    """
+    gen = GENERATION.get(accelerator_name, "")
+    cal = _calibration()
+    if (stack, gen) in cal:
+        return cal[(stack, gen)]
+    base = cal.get(("megatron", gen))
+    ratio = stack_ratio(stack)
+    if base is None or ratio is None:
+        return None
+    return base * ratio
 
 
 EAGER_ATTENTION_EFFICIENCY_FACTOR: Final = 0.5
@@ -395,7 +435,7 @@ def step_time(
     acc = system.accelerator
     notes: list[str] = []
     if kappa is None:
-        cal = calibrated_kappa(acc.name)
+        cal = calibrated_kappa(acc.name, recipe.stack)
         if cal is None:
             kappa = 1.0
             notes.append(
@@ -403,6 +443,11 @@ def step_time(
             )
         else:
             kappa = cal
+            if kappa_source(acc.name, recipe.stack) == "ratio":
+                notes.append(
+                    f"{acc.name}: no {recipe.stack} calibration rows on its generation; κ is the Megatron κ "
+                    f"times the {recipe.stack}/Megatron ratio of the generations fitted for both"
+                )
     eff = get_efficiency(acc.name)
     pk = recipe_peaks(acc, recipe, eff)
     dtype, peak, peak_hp, peak_attn, eta_attn = pk.dtype, pk.peak, pk.peak_hp, pk.peak_attn, pk.eta_attn

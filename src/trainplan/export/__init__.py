@@ -68,4 +68,11 @@ def export_plan(
         raise TrainplanError("to", f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
     render, filename = renderers[target]
     text, warnings = render(system, model, recipe, layout)
+    if recipe.stack != "pytorch":
+        # Every target runs PyTorch's own modules: its compute speed is the pytorch stack's κ.
+        warnings = (
+            *warnings,
+            f"the plan's times use the {recipe.stack} stack's calibrated efficiency; {target} runs "
+            "PyTorch modules, which reach less (estimate or plan with --stack pytorch for its speed)",
+        )
     return ExportResult(target=target, text=text, filename=filename, warnings=warnings)

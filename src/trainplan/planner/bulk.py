@@ -624,7 +624,7 @@ def _efficiency_key(eff: DeviceEfficiency) -> tuple[object, ...]:
 
 def accel_constants(acc: Accelerator, recipe: Recipe, price: float | None) -> _Accel:
     """The preamble of ``timing.step_time`` for one accelerator and precision."""
-    kappa = calibrated_kappa(acc.name)
+    kappa = calibrated_kappa(acc.name, recipe.stack)
     if kappa is None:
         kappa = 1.0
     eff = get_efficiency(acc.name)

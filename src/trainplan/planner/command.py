@@ -128,6 +128,7 @@ def request(args: argparse.Namespace, *, compare_mode: bool) -> tuple[Recipe, Se
         ("recompute", "none"),
         ("attention", "flash"),
         ("offload", "none"),
+        ("stack", "megatron"),
     ):
         if getattr(filled, key) is None:
             setattr(filled, key, default)

@@ -85,6 +85,11 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise LayoutError("cp", f"cp={layout.cp}: run does not execute context parallelism; use cp=1")
     if layout.ep > 1:
         raise LayoutError("ep", f"ep={layout.ep}: run does not execute expert parallelism; use ep=1")
+    if layout.zero3_granularity != "block":
+        raise LayoutError(
+            "zero3_granularity",
+            "run shards with FSDP2, one unit per block; drop --zero3-granularity parameter",
+        )
     if layout.zero == 1 and layout.tp > 1 and layout.dp > 1:
         raise LayoutError(
             "zero",

@@ -6,16 +6,23 @@ stack reaches less (launch gaps, unfused kernels, synchronisation, clocks under 
 
     compute time = roofline time / κ
 
-It is fitted on the **calibration split only**: single-node runs of the Megatron-Core stack, where
-communication across nodes and pipeline bubbles do not blur the compute term —
+κ belongs to a training stack (``Recipe.stack``) as much as to a device: the same GEMMs run
+slower under one stack's kernels and scheduling than another's. It is fitted per (stack,
+generation) on the **calibration split only**: single-node runs, where communication across nodes
+and pipeline bubbles do not blur the compute term —
 
-    ampere     Korthikanti et al. 2022 Table 4 (per-layer forward+backward times of a 22B layer)
-    hopper     NeMo 24.07 and Megatron-Bridge single-node (8 × H100) rows
-    blackwell  Megatron-Bridge single-node (8 × B200 / GB200 / GB300) rows
+    megatron  ampere     Korthikanti et al. 2022 Table 4 (per-layer forward+backward times, 22B layer)
+    megatron  hopper     NeMo 24.07 and Megatron-Bridge single-node (8 × H100) rows
+    megatron  blackwell  Megatron-Bridge single-node (8 × B200 / GB200 / GB300) rows
+    pytorch   ampere     llm-foundry single-node 8 × A100-80GB rows (FSDP, Composer)
+    pytorch   hopper     llm-foundry single-node 8 × H100 rows
+
+A stack without rows on a generation takes the Megatron κ of that generation times the stack's
+mean ratio to Megatron (``timing.calibrated_kappa``).
 
 as the least-squares fit of log(predicted / published) (the κ that makes the geometric-mean ratio
-one). Every other row — Megatron-LM 2021 Table 1, Korthikanti Table 5, all multi-node runs, every
-other stack — only validates. ``python -m trainplan.validate.calibrate`` prints the fit and, with
+one). Every other row — Megatron-LM 2021 Table 1, Korthikanti Table 5, all multi-node runs, llm-foundry's
+A100-40GB and multi-node rows, torchtitan, torchtune — only validates. ``python -m trainplan.validate.calibrate`` prints the fit and, with
 ``--write``, stores it in ``hardware/data/calibration.toml``; a test re-fits and compares, so the
 stored numbers are always reproducible from the split.
 """
@@ -31,32 +38,40 @@ from pathlib import Path
 
 from trainplan.validate.datasets import TimingRow, timing_rows
 
-CALIBRATION_SETS: dict[str, tuple[tuple[str, Callable[[TimingRow], bool]], ...]] = {
-    "ampere": (("korthikanti2022_table4", lambda r: True),),
-    "hopper": (
+CALIBRATION_SETS: dict[tuple[str, str], tuple[tuple[str, Callable[[TimingRow], bool]], ...]] = {
+    ("megatron", "ampere"): (("korthikanti2022_table4", lambda r: True),),
+    ("megatron", "hopper"): (
         ("nemo2407_h100", lambda r: r.split == "calibrate"),
         ("megatron_bridge_llama3", lambda r: r.split == "calibrate" and r.hardware in ("h100-sxm", "h200")),
     ),
-    "blackwell": (
+    ("megatron", "blackwell"): (
         (
             "megatron_bridge_llama3",
             lambda r: r.split == "calibrate" and r.hardware in ("b200", "b300", "gb200", "gb300"),
         ),
     ),
+    ("pytorch", "ampere"): (
+        ("llmfoundry_mpt", lambda r: r.split == "calibrate" and r.hardware == "a100-80gb"),
+    ),
+    ("pytorch", "hopper"): (
+        ("llmfoundry_mpt", lambda r: r.split == "calibrate" and r.hardware == "h100-sxm"),
+    ),
 }
+"""(stack, generation) -> the datasets and rows κ is fitted on (the calibration split)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Fit:
+    stack: str
     generation: str
     kappa: float
     rows: tuple[str, ...]
     residual_log_rms: float
 
 
-def calibration_rows(generation: str) -> list[TimingRow]:
+def calibration_rows(generation: str, stack: str = "megatron") -> list[TimingRow]:
     out: list[TimingRow] = []
-    for dataset, keep in CALIBRATION_SETS[generation]:
+    for dataset, keep in CALIBRATION_SETS[(stack, generation)]:
         out += [r for r in timing_rows(dataset) if r.is_target and keep(r)]
     return out
 
@@ -72,9 +87,9 @@ def _log_errors(rows: Sequence[TimingRow], kappa: float) -> list[float]:
     return errs
 
 
-def fit_generation(generation: str) -> Fit:
+def fit_generation(generation: str, stack: str = "megatron") -> Fit:
     """κ minimising Σ log²(predicted/published) over the generation's calibration rows (golden section)."""
-    rows = calibration_rows(generation)
+    rows = calibration_rows(generation, stack)
 
     def loss(kappa: float) -> float:
         return sum(e * e for e in _log_errors(rows, kappa))
@@ -95,19 +110,26 @@ def fit_generation(generation: str) -> Fit:
     kappa = round((lo + hi) / 2.0, 4)
     errs = _log_errors(rows, kappa)
     rms = math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else 0.0
-    return Fit(generation=generation, kappa=kappa, rows=tuple(r.name for r in rows), residual_log_rms=rms)
+    return Fit(
+        stack=stack,
+        generation=generation,
+        kappa=kappa,
+        rows=tuple(r.name for r in rows),
+        residual_log_rms=rms,
+    )
 
 
 def render_toml(fits: Sequence[Fit]) -> str:
     lines = [
         "# Generated by `python -m trainplan.validate.calibrate --write`; do not edit by hand.",
-        "# kappa = achieved / microbenchmark compute efficiency of the training stack, per generation,",
+        "# kappa = achieved / microbenchmark compute efficiency of the training stack, per stack and generation,",
         "# fitted on the calibration split named in trainplan/validate/calibrate.py.",
         "",
     ]
     for f in fits:
         lines += [
             "[[generation]]",
+            f'stack = "{f.stack}"',
             f'name = "{f.generation}"',
             f"kappa = {f.kappa}",
             f"residual_log_rms = {f.residual_log_rms:.4f}",
@@ -123,10 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--write", action="store_true", help="store the fit in hardware/data/calibration.toml"
     )
     args = parser.parse_args(argv)
-    fits = [fit_generation(g) for g in CALIBRATION_SETS]
+    fits = [fit_generation(g, st) for st, g in CALIBRATION_SETS]
     for f in fits:
         print(
-            f"{f.generation:10s} kappa={f.kappa:.4f}  rows={len(f.rows)}  residual log-rms={f.residual_log_rms:.3f}"
+            f"{f.stack:9s} {f.generation:10s} kappa={f.kappa:.4f}  rows={len(f.rows)}  "
+            f"residual log-rms={f.residual_log_rms:.3f}"
         )
     if args.write:
         target = Path(str(resources.files("trainplan.hardware").joinpath("data", "calibration.toml")))

@@ -286,6 +286,7 @@ class DatasetInfo:
     description: str
     source: str
     target: float | None = None  # the accuracy aimed for, where it is stricter than the enforced bound
+    stack: str = "megatron"  # the training software of the runs (Recipe.stack)
 
 
 _SRC_MEGATRON = "Narayanan et al. 2021 (SC21, arXiv:2104.04473) Table 1"
@@ -332,19 +333,21 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             name="llmfoundry_mpt",
             kind="timing",
             metric="tokens_per_s",
-            mape_bound=0.30,
+            mape_bound=0.12,
             description="MPT 125M-70B, FSDP (ZeRO-3/ZeRO-2) on A100-40GB/A100-80GB/H100, seq 512-65536, bf16/fp8",
             source="mosaicml/llm-foundry scripts/train/benchmarking/README.md (2023-06..2024-01)",
-            target=0.15,
+            target=0.10,
+            stack="pytorch",
         ),
         DatasetInfo(
             name="torchtitan_llama3",
             kind="timing",
             metric="tokens_per_s",
-            mape_bound=0.55,
+            mape_bound=0.15,
             description="Llama 3.1 8B/70B/405B on H100 (96GB, 500 W) and H200: FSDP, TP, PP, CP, float8",
             source="pytorch/torchtitan benchmarks/*.md (2024-12, 2025-06)",
-            target=0.2,
+            target=0.10,
+            stack="pytorch",
         ),
         DatasetInfo(
             name="nemo2407_h100",
@@ -376,10 +379,11 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             name="torchtune_throughput",
             kind="timing",
             metric="tokens_per_s",
-            mape_bound=0.25,
+            mape_bound=0.16,
             description="torchtune full/LoRA/QLoRA fine-tuning tokens/s on RTX 4090, A6000, A100, "
             "each row with the recipe of its torchtune config",
             source="pytorch/torchtune README.md 'Memory and training speed' and recipes/configs/ (30b8519e8, 0217d44c2)",
+            stack="pytorch",
         ),
         DatasetInfo(
             name="torchtune_memory",
@@ -388,6 +392,7 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             mape_bound=0.20,
             description="torchtune peak memory per GPU for full/LoRA/QLoRA fine-tuning",
             source="pytorch/torchtune README.md",
+            stack="pytorch",
         ),
         DatasetInfo(
             name="torchtitan_memory",
@@ -397,6 +402,7 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             description="torchtitan peak reserved memory per GPU (max over ranks) for the torchtitan_llama3 runs",
             source="pytorch/torchtitan benchmarks/*.md",
             target=0.2,
+            stack="pytorch",
         ),
         DatasetInfo(
             name="zero2020_table1",

@@ -199,6 +199,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         optimizer_in_backward=flags.optimizer_in_backward,
         paged_optimizer=flags.paged_optimizer,
         recompute_early_stop=flags.recompute_early_stop,
+        stack=REGISTRY[row.dataset].stack,  # type: ignore[arg-type]
     )
     layout = Layout(
         dp=row.dp,

@@ -261,7 +261,7 @@ def time_group(term: str) -> str:
         return "compute"
     if term == "pipeline bubble":
         return "bubble"
-    if term == "optimizer step":
+    if term in ("optimizer step", "gradient accumulation"):
         return "optimizer"
     if term.startswith("offload"):
         return "offload"

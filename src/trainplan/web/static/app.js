@@ -29,10 +29,10 @@
   const TIME_COLORS = {
     compute: ["#1f5fbf", "#4f86d9", "#8fb3ea"],
     communication: ["#e0701f", "#f09a4f", "#f6bd86", "#c85a12", "#f8d3ae"],
-    bubble: ["#9aa1ab"], optimizer: ["#2e9b5f"], offload: ["#8e5fd1"],
+    bubble: ["#9aa1ab"], optimizer: ["#2e9b5f", "#7cc79f"], offload: ["#8e5fd1"],
   };
   const GROUP_NAMES = { compute: "compute", communication: "exposed communication", bubble: "pipeline bubble",
-    optimizer: "optimizer step", offload: "offload" };
+    optimizer: "optimizer step, gradient accumulation", offload: "offload" };
 
   const state = { schema: null, planSchema: null, fields: [], planFields: [], config: null, configName: "",
     hardware: [], seq: 0, timer: null, lastEstimate: null };
