@@ -9,14 +9,14 @@
 
   const LAYOUT = ["devices", "tp", "pp", "cp", "ep", "zero", "sequence_parallel", "pp_schedule", "virtual_stages"];
   const RECIPE = ["method", "precision", "optimizer", "seq_len", "micro_batch", "global_batch", "tokens",
-    "recompute", "attention", "offload", "lora_rank"];
+    "recompute", "attention", "offload", "lora_rank", "stack"];
   const PLAN_OPTIONS = ["objective", "top", "budget", "deadline", "max_devices"];
   const SEARCHED = ["micro_batch", "recompute", "offload"];
   const LABELS = { devices: "devices", tp: "tensor parallel (tp)", pp: "pipeline stages (pp)",
     cp: "context parallel (cp)", ep: "expert parallel (ep)", zero: "ZeRO stage", seq_len: "sequence length",
     micro_batch: "micro-batch", global_batch: "global batch", tokens: "tokens to train",
     budget: "budget (USD)", deadline: "deadline (hours)", max_devices: "max devices", top: "plans shown",
-    price: "price (USD/device-hour)", pue: "PUE" };
+    price: "price (USD/device-hour)", pue: "PUE", stack: "training stack" };
   const PLACEHOLDERS = { tokens: "e.g. 1e11", global_batch: "dp × micro", price: "catalog", provider: "cheapest",
     lora_rank: "16", budget: "none", deadline: "none", lora_targets: "q,k,v,o,gate,up,down" };
   const MEMORY_COLORS = {
