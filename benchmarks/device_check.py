@@ -45,6 +45,20 @@ CASES: tuple[tuple[str, list[str]], ...] = (
         ],
     ),
     (
+        "llama-3.2-1b-bf16-s2048-b4-sac",
+        [
+            "llama-3.2-1b",
+            "--precision",
+            "bf16",
+            "--seq-len",
+            "2048",
+            "--micro-batch",
+            "4",
+            "--recompute",
+            "sac",
+        ],
+    ),
+    (
         "llama-3.2-1b-bf16-s2048-b2-accum4",
         [
             "llama-3.2-1b",

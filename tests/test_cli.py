@@ -230,6 +230,35 @@ def test_recompute_early_stop_flag_lowers_hardware_flops_not_model_flops(
     assert early["time"]["step_s"] < whole["time"]["step_s"]  # type: ignore[index,operator]
 
 
+def test_recompute_sac_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """--recompute sac: torchtitan's per-op selective checkpointing; activations between full and
+    none, the even matmuls (k, o, up) recomputed, model FLOPs unchanged."""
+    argv = ["estimate", "llama-3-8b", "--hardware", "h100-sxm", "--devices", "8", "--zero", "3"]
+    argv += ["--seq-len", "4096"]
+    est = {rc: run_json(capsys, *argv, "--recompute", rc) for rc in ("none", "sac", "full")}
+    assert est["sac"]["recipe"]["recompute"] == "sac"  # type: ignore[index]
+    act = {rc: e["memory"]["activations_bytes"] for rc, e in est.items()}  # type: ignore[index]
+    b, s, h, q, g, f, a, layers = 1, 4096, 4096, 4096, 1024, 14336, 32, 32
+    per_layer = 2 * b * s * (2 * h + 2 * q + g + f) + 4 * b * a * s
+    inputs = 8 * b * s + 2 * 2 * s * 128  # token ids, RoPE cos/sin
+    assert act["sac"] == pytest.approx(layers * per_layer + inputs)
+    assert act["full"] < act["sac"] < act["none"]
+    flops = {rc: e["throughput"] for rc, e in est.items()}
+    assert flops["sac"]["model_flops_per_step"] == flops["none"]["model_flops_per_step"]  # type: ignore[index]
+    recomputed = 2 * s * h * (g + q + f) * layers * 8  # 8 sequences (dp = 8)
+    extra = flops["sac"]["hardware_flops_per_step"] - flops["none"]["hardware_flops_per_step"]  # type: ignore[index,operator]
+    assert extra == pytest.approx(recomputed)
+
+
+def test_recompute_sac_where_not_modelled_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["estimate", "llama-3-8b", "--hardware", "h100-sxm", "--devices", "8", "--recompute", "sac"]
+    for extra, field in ((["--tp", "8"], "tp"), (["--method", "lora"], "recompute")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"trainplan: error: {field}:") and "\n" not in err, err
+        assert "--recompute full or selective" in err
+
+
 def test_grad_accumulation_flag(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["estimate", "llama-2-7b", "--hardware", "h100-sxm", "--devices", "8", "--global-batch", "64"]
     fused = run_json(capsys, *argv)

@@ -101,6 +101,10 @@ TORCHTITAN_PLANS = [
         id="fsdp-full-recompute-early-stop",
     ),
     pytest.param(
+        {"model": "llama-3.1-8b", "devices": 8, "zero": 3, "recipe": {"recompute": "sac", "micro_batch": 2}},
+        id="fsdp-per-op-sac",
+    ),
+    pytest.param(
         {"model": "llama-3.1-8b", "devices": 8, "zero": 2, "recipe": {"micro_batch": 2, "global_batch": 64}},
         id="zero2-accumulation",
     ),
@@ -179,10 +183,13 @@ def test_torchtitan_roundtrip(plan: dict[str, Any], tmp_path: Path) -> None:
     else:
         assert local == recipe.micro_batch
         assert accumulation == m
-    assert cfg.activation_checkpoint.mode == recipe.recompute
+    # recompute="sac" is torchtitan's per-op selective checkpointing (selective_ac_option = "op")
+    assert cfg.activation_checkpoint.mode == ("selective" if recipe.recompute == "sac" else recipe.recompute)
+    if recipe.recompute == "sac":
+        assert cfg.activation_checkpoint.selective_ac_option == "op"
     # torchtitan passes early_stop to torch.utils.checkpoint: the job recomputes what the plan counts
     assert cfg.activation_checkpoint.early_stop == (
-        recipe.recompute == "full" and recipe.recompute_early_stop
+        recipe.recompute in ("full", "sac") and recipe.recompute_early_stop
     )
     assert cfg.model.name in ("llama3", "qwen3")
     assert ("quantize.linear.float8" in cfg.model.converters) == (recipe.precision == "fp8")
@@ -438,6 +445,9 @@ def test_every_target_writes_parseable_text(target: str) -> None:
         ("accelerate", {"recipe": {"precision": "fp4"}}, "precision"),
         ("accelerate", {"zero": 1, "tp": 2}, "zero"),
         ("accelerate", {"recipe": {"recompute": "selective"}}, "recompute"),
+        ("deepspeed", {"recipe": {"recompute": "sac"}}, "recompute"),
+        ("accelerate", {"zero": 3, "recipe": {"recompute": "sac"}}, "recompute"),
+        ("accelerate", {"recipe": {"recompute": "sac"}}, "recompute"),
     ],
 )
 def test_inexpressible_plans_are_errors(target: str, plan: dict[str, Any], field: str) -> None:
@@ -509,3 +519,19 @@ def test_full_recompute_warnings_name_the_checkpoint_semantics() -> None:
         assert any(f'"use_reentrant": {not early}' in w for w in ddp.warnings)
         ds = export_plan("deepspeed", *_plan("llama-3.1-8b", 8, recipe, zero=1))
         assert any("use_reentrant=False" in w for w in ds.warnings) == early
+
+
+def test_torchtitan_per_op_sac_is_written_without_a_warning() -> None:
+    """sac is what torchtitan's selective_ac_option = "op" runs; the attention-only "selective"
+    recompute has no torchtitan equivalent and keeps its warning."""
+    sac = export_plan("torchtitan", *_plan("llama-3.1-8b", 8, {"recompute": "sac"}, zero=3))
+    ac = tomllib.loads(sac.text)["activation_checkpoint"]
+    assert ac == {"mode": "selective", "selective_ac_option": "op", "early_stop": False}
+    assert not any("recompute" in w for w in sac.warnings)
+    early = export_plan(
+        "torchtitan", *_plan("llama-3.1-8b", 8, {"recompute": "sac", "recompute_early_stop": True}, zero=3)
+    )
+    assert tomllib.loads(early.text)["activation_checkpoint"]["early_stop"] is True
+    selective = export_plan("torchtitan", *_plan("llama-3.1-8b", 8, {"recompute": "selective"}, zero=3))
+    assert tomllib.loads(selective.text)["activation_checkpoint"]["selective_ac_option"] == "op"
+    assert any("recompute selective" in w and "--recompute sac" in w for w in selective.warnings)

@@ -456,3 +456,82 @@ def test_moe_stages_with_layer_frequency_sum_to_the_step() -> None:
     stages = F.device_flops(spec, r, Layout(dp=2, pp=2))
     total = sum(st.step_hardware_flops for st in stages) * 2
     assert total == pytest.approx(F.step_flops(spec, r).hardware_flops)
+
+
+# --- Per-op selective checkpointing (recompute="sac") ---------------------------------------
+def _sac(spec: ModelSpec, layout: Layout | None = None, **kw: object) -> F.StageFlops:
+    base: dict[str, object] = dict(seq_len=8, micro_batch=2, recompute="sac")
+    base.update(kw)
+    return F.device_flops(spec, Recipe(**base), layout or Layout())[0]  # type: ignore[arg-type]
+
+
+def test_sac_recomputes_the_even_matmuls_of_a_llama_block() -> None:
+    """q(1) k(2) v(3) o(4) gate(5) up(6) down(7): k, o and up are rerun, 2·T·h·(k·d + a·d + f)."""
+    t, h, q, g, f = 2 * 8, 64, 64, 32, 160
+    st = _sac(TINY)
+    assert st.recompute.gemm_flops == TINY.num_layers * 2 * t * h * (g + q + f)
+    assert st.recompute.attention_flops == 0  # the flash kernel's output is kept
+    none = _sac(TINY, recompute="none")
+    assert st.forward == none.forward and st.backward == none.backward
+    # the memory-bound forward ops are rerun, the attention kernel's I/O is not
+    fwd = F.layer_memory_traffic(TINY, 0, 2, 8, dtype_bytes=2.0)
+    assert st.recompute.memory_bytes == pytest.approx(TINY.num_layers * (fwd.total - fwd.attention_io))
+    # the down projection is kept: early stop skips no GEMM, only the last residual add
+    early = _sac(TINY, recompute_early_stop=True)
+    assert early.recompute.gemm_flops == st.recompute.gemm_flops
+    residual = 3 * t * h * 2
+    assert early.recompute.memory_bytes == pytest.approx(
+        st.recompute.memory_bytes - TINY.num_layers * residual
+    )
+
+
+def test_sac_recomputes_every_biased_linear() -> None:
+    """aten.addmm (a linear with a bias) is neither kept nor counted: a GPT-2 block reruns all four
+    projections; with biases on q/k/v only the count starts at o (o, up kept; gate, down rerun)."""
+    model = gpt(2, 64, 4, vocab=100)
+    st = _sac(model)
+    full = _sac(model, recompute="full")
+    assert st.recompute.gemm_flops == full.recompute.gemm_flops
+    assert full.recompute.attention_flops > 0 and st.recompute.attention_flops == 0
+    # early stop: the recomputed down projection is the last save's op, as under full recompute
+    early = _sac(model, recompute_early_stop=True)
+    full_early = _sac(model, recompute="full", recompute_early_stop=True)
+    assert early.recompute.gemm_flops == full_early.recompute.gemm_flops
+    t, h, f, q, g = 2 * 8, 64, 160, 64, 32
+    qwen = replace(TINY, name="tiny-qkv-bias", qkv_bias=True)
+    assert _sac(qwen).recompute.gemm_flops == TINY.num_layers * 2 * t * (h * (q + 2 * g) + h * f + f * h)
+    early = _sac(qwen, recompute_early_stop=True)
+    assert early.recompute.gemm_flops == TINY.num_layers * 2 * t * (h * (q + 2 * g) + h * f)
+
+
+def test_sac_keeps_model_flops_and_adds_hardware_flops() -> None:
+    r = Recipe(seq_len=8, micro_batch=2, global_batch=4)
+    none = F.step_flops(TINY, r)
+    sac = F.step_flops(TINY, replace(r, recompute="sac"))
+    assert sac.model_flops == none.model_flops
+    t = 4 * 8
+    assert sac.hardware_flops == pytest.approx(
+        none.hardware_flops + TINY.num_layers * 2 * t * 64 * (32 + 64 + 160)
+    )
+
+
+def test_sac_combinations_that_are_not_modelled_are_errors() -> None:
+    from trainplan.errors import LayoutError
+
+    for kw in (
+        {"method": "lora"},
+        {"method": "qlora"},
+        {"precision": "fp8"},
+        {"precision": "fp4"},
+        {"attention": "eager"},
+        {"dropout": 0.1},
+    ):
+        with pytest.raises(RecipeError) as err:
+            Recipe(recompute="sac", **kw)  # type: ignore[arg-type]
+        assert err.value.field == "recompute" and "--recompute full or selective" in str(err.value), kw
+    with pytest.raises(RecipeError, match="MoE"):
+        F.step_flops(TINY_MOE, Recipe(seq_len=8, recompute="sac"))
+    for layout, field in ((Layout(tp=2), "tp"), (Layout(cp=2), "cp")):
+        with pytest.raises(LayoutError) as lerr:
+            F.device_flops(TINY, Recipe(seq_len=8, recompute="sac"), layout)
+        assert lerr.value.field == field

@@ -222,3 +222,87 @@ def test_tied_weight_gradients_are_summed_out_of_place() -> None:
     assert mem.phase_bytes("backward end") == pytest.approx(states + 2 * 2 * vh, rel=1e-12)
     accumulating = memory_breakdown(model, replace(recipe, global_batch=4), Layout(), num_microbatches=4)
     assert accumulating.phase_bytes("backward end") == pytest.approx(states + 3 * 2 * vh, rel=1e-12)
+
+
+# --- per-op selective checkpointing (recompute="sac") --------------------------------------
+def test_sac_keeps_the_block_input_the_odd_matmuls_and_the_attention_output() -> None:
+    """Llama block: input h, q (a·d), v (k·d), attention output (a·d) + FP32 log-sum-exp, gate (f),
+    down (h): e·b·s·(2h + 2q + g + f) + 4·b·a·s, the bytes the tracer's step keeps (test_trace)."""
+    model = ModelSpec(
+        name="llama-3-8b-like",
+        family="llama",
+        num_layers=32,
+        hidden_size=4096,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        ffn_hidden=14336,
+        vocab_size=128256,
+    )
+    b, s, e = 2, 1024, 2
+    h, q, g, f, a = 4096, 4096, 1024, 14336, 32
+    la = layer_activations(model, Recipe(seq_len=s, micro_batch=b, recompute="sac"), Layout(), 3)
+    assert la.terms == {
+        "layer_input": e * b * s * h,
+        "sac_matmul_outputs": e * b * s * (q + g + f + h),
+        "attn_output_and_lse": e * b * s * q + 4 * b * a * s,
+    }
+    # fp32: e = 4
+    la32 = layer_activations(
+        model, Recipe(seq_len=s, micro_batch=b, recompute="sac", precision="fp32"), Layout(), 3
+    )
+    assert la32.total_bytes == 4 * b * s * (2 * h + 2 * q + g + f) + 4 * b * a * s
+    # between full recompute (the input only) and none
+    full = layer_activations(model, Recipe(seq_len=s, micro_batch=b, recompute="full"), Layout(), 3)
+    none = layer_activations(model, Recipe(seq_len=s, micro_batch=b), Layout(), 3)
+    assert full.total_bytes < la.total_bytes < none.total_bytes / 2
+
+
+def test_sac_keeps_no_projection_output_of_a_biased_block() -> None:
+    """Every GPT-2 linear is aten.addmm: only the input and the flash kernel's outputs are kept."""
+    a, h, layers, _ = KORTHIKANTI_GPT["22B"]
+    model = gpt(a, h, layers)
+    b, s = 1, 2048
+    la = layer_activations(model, Recipe(seq_len=s, micro_batch=b, recompute="sac"), Layout(), 0)
+    assert la.total_bytes == 2 * b * s * h + 2 * b * s * h + 4 * b * a * s
+    assert la.terms["sac_matmul_outputs"] == 0
+
+
+def test_sac_backward_transient_is_the_rebuilt_block_beyond_what_it_keeps() -> None:
+    from trainplan.memory import sac_recompute_transient_bytes
+
+    model = replace(llama7b(), vocab_size=1000)  # the recomputed block, not the loss, sets the transient
+    r = Recipe(seq_len=4096, micro_batch=2, recompute="sac")
+    kept = layer_activations(model, r, Layout(), 0).terms
+    none = layer_activations(model, replace(r, recompute="none"), Layout(), 0).total_bytes
+    rebuilt = none - kept["sac_matmul_outputs"] - kept["attn_output_and_lse"]
+    assert sac_recompute_transient_bytes(model, r, Layout(), 0) == rebuilt
+    mem = memory_breakdown(model, r, Layout())
+    assert mem.transient_bytes == rebuilt
+    # early stop ends the recomputation before the kept down output is consumed: it stays too
+    early = replace(r, recompute_early_stop=True)
+    assert sac_recompute_transient_bytes(model, early, Layout(), 0) == rebuilt + 2 * 2 * 4096 * 4096
+    # full recompute rebuilds the same set and keeps less: sac's backward lies between none and full
+    starts = [
+        memory_breakdown(model, replace(r, recompute=rc), Layout()).phase_bytes("backward start")
+        for rc in ("full", "sac", "none")
+    ]
+    assert starts[0] < starts[1] < starts[2]
+
+
+def test_sac_is_refused_where_it_is_not_modelled() -> None:
+    from trainplan.errors import LayoutError, RecipeError
+    from trainplan.models import load_model
+
+    r = Recipe(seq_len=1024, recompute="sac")
+    with pytest.raises(RecipeError, match="MoE"):
+        memory_breakdown(load_model("mixtral-8x7b"), r, Layout())
+    with pytest.raises(LayoutError) as err:
+        memory_breakdown(llama7b(), r, Layout(tp=2))
+    assert err.value.field == "tp"
+    with pytest.raises(LayoutError) as err:
+        memory_breakdown(llama7b(), r, Layout(cp=2))
+    assert err.value.field == "cp"
+    # pipeline parallelism, ZeRO and FSDP are fine
+    memory_breakdown(llama7b(), replace(r, global_batch=8), Layout(pp=2, dp=2, zero=1))
+    memory_breakdown(llama7b(), r, Layout(dp=8, zero=3))

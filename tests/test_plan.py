@@ -68,6 +68,22 @@ def _scalar(
     )
 
 
+def _fields_equal_scalar(model, accs, cores, cand, prices, recipe, res, picked) -> int:  # type: ignore[no-untyped-def]
+    """Every reported field of the picked candidates equals the scalar estimate; how many were checked."""
+    checked = 0
+    for i in picked:
+        d = _scalar(model, accs, cores, cand, prices, recipe, i).to_dict()
+        for key, value in res.row(i).items():
+            group, name = key.split(".")
+            expected = d[group][name]
+            if expected is None:
+                assert math.isnan(value), key
+                continue
+            assert value == pytest.approx(expected, rel=1e-9, abs=1e-12), key
+            checked += 1
+    return checked
+
+
 @pytest.mark.parametrize(
     ("model_name", "method", "seq_len"),
     [
@@ -83,18 +99,8 @@ def test_bulk_equals_scalar_on_every_reported_field(model_name: str, method: Met
     rng = np.random.default_rng(1)
     feasible = np.nonzero(res.feasible)[0]
     assert feasible.size > 100
-    checked = 0
-    for i in rng.choice(feasible, 60, replace=False).tolist():
-        d = _scalar(model, accs, cores, cand, prices, recipe, i).to_dict()
-        for key, value in res.row(i).items():
-            group, name = key.split(".")
-            expected = d[group][name]  # type: ignore[index]
-            if expected is None:
-                assert math.isnan(value), key
-                continue
-            assert value == pytest.approx(expected, rel=1e-9, abs=1e-12), key
-            checked += 1
-    assert checked > 1000
+    picked = rng.choice(feasible, 60, replace=False).tolist()
+    assert _fields_equal_scalar(model, accs, cores, cand, prices, recipe, res, picked) > 1000
     # memory of candidates that do not fit agrees too, and they really do not fit
     nofit = np.nonzero(res.valid & ~res.fits)[0]
     for i in rng.choice(nofit, min(20, nofit.size), replace=False).tolist():
@@ -106,6 +112,27 @@ def test_bulk_equals_scalar_on_every_reported_field(model_name: str, method: Met
     for i in rng.choice(bad, min(20, bad.size), replace=False).tolist():
         with pytest.raises(TrainplanError):
             _scalar(model, accs, cores, cand, prices, recipe, i)
+
+
+@pytest.mark.parametrize("model_name", ["llama-3.2-1b", "qwen2.5-7b"])
+def test_bulk_equals_scalar_for_per_op_selective_checkpointing(model_name: str) -> None:
+    """recompute="sac" candidates: every reported field equals the scalar estimate; the cores the
+    scalar path refuses (tensor or context parallelism) are not searched."""
+    recipe = Recipe(method="pretrain", tokens=1e9, global_batch=32, seq_len=8192, recompute_early_stop=True)
+    space = SearchSpace(micro_batches=(1, 2), recomputes=("sac", "full"), max_devices=16)
+    model, accs, cores, cand, prices, res = _bulk(model_name, recipe, ("h100-sxm", "mi300x"), space)
+    sac = {i for i, c in enumerate(cores) if c.recompute == "sac"}
+    assert sac and all(cores[i].tp == 1 and cores[i].cp == 1 for i in sac)
+    assert any(c.tp > 1 for c in cores)  # full recompute is searched with tensor parallelism
+    rows = np.nonzero(res.feasible & np.isin(cand.core, sorted(sac)))[0]
+    assert rows.size > 20
+    rng = np.random.default_rng(2)
+    picked = rng.choice(rows, min(40, rows.size), replace=False).tolist()
+    assert _fields_equal_scalar(model, accs, cores, cand, prices, recipe, res, picked) > 500
+    _, invalid = enumerate_cores(model, recipe, space, 8)
+    assert invalid.get("recompute: sac", 0) > 0
+    moe_cores, moe_invalid = enumerate_cores(load_model("mixtral-8x7b"), recipe, space, 8)
+    assert not any(c.recompute == "sac" for c in moe_cores) and moe_invalid["recompute: sac"] > 0
 
 
 def test_bulk_equals_scalar_where_accelerators_share_efficiency_figures() -> None:

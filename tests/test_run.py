@@ -106,6 +106,17 @@ def test_tensor_parallel_sequence_parallel_gloo(tmp_path: Path) -> None:
     assert "(finite, falling)" in loss_line
 
 
+@pytest.mark.slow
+def test_per_op_selective_checkpointing_gloo(tmp_path: Path) -> None:
+    """--recompute sac: FSDP2 blocks wrapped with torchtitan's per-op policy (trace.step.apply_sac)."""
+    cfg = _config(tmp_path)
+    proc = _run(cfg, *COMMON, "--zero", "3", "--recompute", "sac", "--steps", str(STEPS), "--json")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    out = json.loads(proc.stdout)
+    _assert_trained(out["measured"]["losses"])
+    assert out["predicted"]["peak_bytes"] > 0
+
+
 @pytest.mark.parametrize(
     ("over", "flags", "field"),
     [

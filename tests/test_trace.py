@@ -178,6 +178,41 @@ def test_full_recompute_saves_only_the_block_input() -> None:
     assert tr.layer_saved_bytes[1] == 2 * 128 * spec.hidden_size * 2
 
 
+@pytest.mark.parametrize("precision,e", [("bf16", 2), ("fp32", 4)])
+def test_sac_keeps_what_the_per_op_policy_marks(precision: str, e: int) -> None:
+    """torchtitan's per-op policy on the reference blocks: a Llama block keeps its input, q, v,
+    gate, down (the odd aten.mm calls) and the flash output and log-sum-exp; a GPT-2 block, whose
+    linears are aten.addmm, keeps only its input and the flash outputs (memory.sac_layer_terms)."""
+    from trainplan.memory import layer_activations
+    from trainplan.trace.step import trace_step
+
+    b, s = 2, 64
+    recipe = Recipe(seq_len=s, micro_batch=b, precision=precision, recompute="sac")  # type: ignore[arg-type]
+    for spec in (_llama(num_layers=3), _gpt(num_layers=3), _llama(num_layers=3, qkv_bias=True)):
+        tr = trace_step(spec, recipe, Layout())
+        analytic = layer_activations(spec, recipe, Layout(), 1).total_bytes
+        assert tr.layer_saved_bytes[1] == analytic, spec.name
+    llama = _llama()
+    h, q, g, f, a = llama.hidden_size, llama.q_dim, llama.kv_dim, llama.ffn_hidden, llama.num_heads
+    assert layer_activations(llama, recipe, Layout(), 1).total_bytes == (
+        e * b * s * (2 * h + 2 * q + g + f) + 4 * b * a * s
+    )
+
+
+def test_sac_flops_and_unsupported_layouts() -> None:
+    from trainplan.flops import step_flops
+    from trainplan.trace.step import UnsupportedConfig, trace_step
+
+    spec = _llama(num_layers=2)
+    recipe = Recipe(seq_len=64, micro_batch=2, recompute="sac")
+    tr = trace_step(spec, recipe, Layout())
+    sf = step_flops(spec, recipe, Layout())
+    assert tr.gemm_flops == sf.gemm_flops
+    assert tr.attention_flops == sf.attention_flops
+    with pytest.raises(UnsupportedConfig, match="tensor parallelism"):
+        trace_step(spec, recipe, Layout(tp=2))
+
+
 def test_fp32_model_states_are_4_4_8_bytes_and_peak_is_in_the_step() -> None:
     from trainplan.trace.step import trace_step
 

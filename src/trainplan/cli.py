@@ -81,7 +81,14 @@ def add_recipe_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -
     g.add_argument(
         "--tokens", type=_positive_float, default=None, help="tokens to train for (time, cost, energy)"
     )
-    g.add_argument("--recompute", choices=r.RECOMPUTES, default="none" if defaults else None)
+    g.add_argument(
+        "--recompute",
+        choices=r.RECOMPUTES,
+        default="none" if defaults else None,
+        help="activation recompute: none; selective (the attention core, Korthikanti et al. 2022); full "
+        "(each block again); sac (torchtitan's per-op selective checkpointing: every other matmul "
+        "output and the attention output kept, the rest recomputed)",
+    )
     g.add_argument(
         "--stack",
         choices=r.STACKS,
@@ -92,8 +99,8 @@ def add_recipe_arguments(p: argparse.ArgumentParser, *, defaults: bool = True) -
     g.add_argument(
         "--recompute-early-stop",
         action="store_true",
-        help="full recompute by PyTorch's non-reentrant checkpoint with early stop (FSDP2, torchtune, "
-        "Accelerate): the trailing GEMM no saved tensor needs is not recomputed",
+        help="full (or sac) recompute by PyTorch's non-reentrant checkpoint with early stop (FSDP2, "
+        "torchtune, Accelerate): the trailing GEMM no saved tensor needs is not recomputed",
     )
     g.add_argument("--attention", choices=r.ATTENTIONS, default="flash" if defaults else None)
     g.add_argument("--offload", choices=r.OFFLOADS, default="none" if defaults else None)
@@ -311,7 +318,7 @@ def render_estimate(est: object, *, binary: bool = False) -> str:
         f"recipe: {est.recipe.method}, {est.recipe.precision}, {est.recipe.optimizer}, seq {est.recipe.seq_len}, "
         f"micro-batch {est.recipe.micro_batch}, {est.num_microbatches} micro-batch(es)/step, "
         f"recompute {est.recipe.recompute}"
-        f"{' (early stop)' if est.recipe.recompute == 'full' and est.recipe.recompute_early_stop else ''}, "
+        f"{' (early stop)' if est.recipe.recompute in ('full', 'sac') and est.recipe.recompute_early_stop else ''}, "
         f"attention {est.recipe.attention}, offload {est.recipe.offload}",
         f"layout: {est.layout.describe()}",
         "",

@@ -904,7 +904,10 @@ def step_collectives(
     out: list[Collective] = []
     units = zero3_gather_units(spec, layout)
     granularity = layout.zero3_granularity
-    regather = recipe.recompute == "full"
+    # A recomputation re-runs the modules' forward hooks, which gather per-parameter ZeRO-3
+    # weights again: full recompute, and per-op selective checkpointing (sac), whose cached matmuls
+    # skip the arithmetic but not the modules' forward.
+    regather = recipe.recompute in ("full", "sac")
     out += data_parallel_collectives(
         zero=layout.zero,
         param_bytes=dense_params / (tp * pp) * w,

@@ -34,7 +34,9 @@ Conventions
   forward (``full``: one more forward of every transformer layer, not of the LM head, as in
   Megatron 2021 Eq. 3; with ``recompute_early_stop``, PyTorch's non-reentrant checkpoint, that
   forward less the trailing ops no saved tensor depends on, :func:`early_stop_skip`;
-  ``selective``: one more forward of the attention core, Korthikanti 2022 Sec. 5) and
+  ``selective``: one more forward of the attention core, Korthikanti 2022 Sec. 5; ``sac``,
+  torchtitan's per-op selective checkpointing: the GEMMs of the linears whose outputs it does not
+  keep and the memory-bound forward ops, not the attention core, :func:`sac_recompute`) and
   FlashAttention's backward score recompute.
 """
 
@@ -50,6 +52,7 @@ from trainplan.errors import LayoutError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import LoRASpec, Recipe
+from trainplan.sac import block_linears, check_sac
 
 Direction = Literal["forward", "backward"]
 
@@ -557,6 +560,51 @@ def early_stop_skip(spec: ModelSpec, layer_idx: int, recipe: Recipe, b: float, s
 
 
 # --------------------------------------------------------------------------------------------
+# Per-op selective checkpointing
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class SacRecompute:
+    """Forward work of one layer (all devices) that ``recompute="sac"`` re-runs in the backward.
+
+    ``gemm_flops``: the recomputed linear layers; ``skipped_memory_bytes``: the memory-bound
+    forward traffic early stop leaves out (the trailing residual adds), to subtract from the
+    block's memory-bound forward bytes less the attention kernel's I/O.
+    """
+
+    gemm_flops: float = 0.0
+    skipped_memory_bytes: float = 0.0
+
+
+def sac_recompute(spec: ModelSpec, layer_idx: int, recipe: Recipe, b: float, s: float) -> SacRecompute:
+    """What torchtitan's per-op selective checkpointing recomputes of one block (:mod:`trainplan.sac`).
+
+    The policy keeps the outputs of the odd-numbered bias-free matmuls and of the attention
+    kernel and recomputes every other op from the block input, so the recompute pass is:
+
+    * GEMMs: every linear whose output is not kept (:func:`trainplan.sac.block_linears`), its
+      forward ``2·T·n_in·n_out``: k, o and up of a Llama block, ``2·T·h·(k·d + a·d + f)``; every
+      projection of a block whose linears have biases (``aten.addmm`` is recomputed);
+    * not the attention core: the kernel's output is kept (no attention FLOPs, no attention I/O);
+    * the memory-bound forward ops — norms, rotary, the activation function, residual adds —
+      as :class:`LayerMemoryTraffic` counts them.
+
+    With ``recompute_early_stop`` the recomputation stops at the block's last saved tensor
+    (:func:`early_stop_skip`): the residual add after the MLP is skipped, and the down
+    projection's GEMM when it is recomputed (a kept matmul costs nothing to skip).
+    """
+    t = b * s
+    linears = block_linears(spec)
+    gemm = sum(2.0 * t * lin.n_in * lin.n_out for lin in linears if not lin.saved)
+    skipped = 0.0
+    if recipe.recompute_early_stop:
+        skip = early_stop_skip(spec, layer_idx, recipe, b, s)
+        down_kept = linears[-1].saved
+        gemm -= 0.0 if down_kept else skip.gemm_flops
+        skipped = skip.memory_bytes
+    return SacRecompute(gemm_flops=gemm, skipped_memory_bytes=skipped)
+
+
+# --------------------------------------------------------------------------------------------
 # Passes and steps
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
@@ -681,6 +729,12 @@ def _layer_passes(
     elif recipe.recompute == "selective":
         core_bytes = (fwd_mem.softmax + fwd_mem.attention_io) / tpcp
         recompute = PassCost(attention_flops=attn_fwd, memory_bytes=core_bytes)
+    elif recipe.recompute == "sac":
+        sac = sac_recompute(spec, i, recipe, b, s)
+        recompute = PassCost(
+            gemm_flops=sac.gemm_flops / tpcp,
+            memory_bytes=mem(fwd_mem) - fwd_mem.attention_io / tpcp - sac.skipped_memory_bytes / rep,
+        )
     else:
         recompute = PassCost()
 
@@ -856,6 +910,8 @@ def step_flops(
     dequantisation bytes are per micro-batch pass, so they scale with the number of micro-batches
     ``sequences / micro_batch`` (one copy of the weights; data-parallel replicas each pay it too).
     """
+    if recipe.recompute == "sac":
+        check_sac(spec, layout)
     sequences = step_sequences(recipe, layout)
     b = float(sequences)
     split = _Split()
@@ -952,6 +1008,8 @@ def device_flops(
     ``micro_batches`` = step sequences / (dp · micro_batch) (gradient accumulation steps; Narayanan
     et al. 2021 Sec. 3). The embedding lives on the first stage, the LM head and loss on the last.
     """
+    if recipe.recompute == "sac":
+        check_sac(spec, layout)
     sequences = step_sequences(recipe, layout)
     per_step = layout.dp * recipe.micro_batch
     if sequences % per_step != 0:

@@ -39,6 +39,7 @@ from trainplan.errors import RecipeError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import LORA_TARGETS, Recipe
+from trainplan.sac import block_linears, check_sac
 from trainplan.sharding import DeviceParams, Linear, device_params, layer_kinds, stage_layers
 from trainplan.units import GiB, fmt_bytes
 
@@ -440,7 +441,8 @@ def layer_activations(
     tensor parallelism the terms inside the tp region divide by t, the rest (norm inputs, the
     inputs of the first linear of each block, dropout masks) divides by t only with sequence
     parallelism. Selective recompute drops the attention-core terms (s² per head); full recompute
-    stores only the layer input. Flash attention (Dao et al. 2022) saves the output O and the
+    stores only the layer input; per-op selective checkpointing (``sac``) stores what
+    :func:`sac_layer_terms` lists. Flash attention (Dao et al. 2022) saves the output O and the
     FP32 log-sum-exp (4·b·a·s bytes) instead of the s² score tensors. Norm statistics (FP32 rstd,
     and the mean for LayerNorm, per token: what the fused CUDA kernels save) are a separate
     ``norm_stats`` term that Korthikanti's count omits (16 bytes per token per layer at most).
@@ -462,6 +464,8 @@ def layer_activations(
 
     if recipe.recompute == "full":
         return LayerActivations(terms={"layer_input": e * tokens * h / sp_div})
+    if recipe.recompute == "sac":
+        return LayerActivations(terms=sac_layer_terms(model, recipe, layout, layer, micro_batch=b))
 
     trained = _trained_linears(recipe)
     terms: dict[str, float] = {}
@@ -547,6 +551,68 @@ def layer_activations(
     else:
         terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, e, "", down_trained=down))
     return LayerActivations(terms=terms)
+
+
+def sac_layer_terms(
+    model: ModelSpec, recipe: Recipe, layout: Layout, layer: int, *, micro_batch: int | None = None
+) -> dict[str, float]:
+    """What one block keeps under per-op selective checkpointing (``recompute="sac"``), one micro-batch.
+
+    The policy (:mod:`trainplan.sac`; torchtitan's ``selective_ac_option = "op"``) runs the block
+    forward with autograd's saved tensors replaced by placeholders (the non-reentrant
+    checkpoint's pack hook) and keeps the outputs of the ops it marks ``MUST_SAVE``:
+
+    * ``layer_input`` e·b·s·h: the block input, kept by the checkpoint for the recomputation
+      (its ``_NoopSaveInputs``; the shared RoPE cos/sin tables are the stage's ``inputs``);
+    * ``sac_matmul_outputs`` e·b·s·Σ n_out: the outputs of the kept linear layers — the
+      odd-numbered ``aten.mm`` calls of the block (:func:`trainplan.sac.block_linears`): q (a·d),
+      v (k·d), gate (f) and down (h) in a Llama block, e·b·s·(q + g + f + h); none in a block whose
+      linears all have biases (``aten.addmm`` is neither kept nor counted);
+    * ``attn_output_and_lse`` e·b·s·q + 4·b·a·s: the flash kernel's outputs, the attention output
+      and the FP32 log-sum-exp (as without recompute; the CUDA kernel's RNG seed and offset
+      are a few bytes).
+
+    A Llama block keeps e·b·s·(2h + 2q + g + f) + 4·b·a·s. Checked against the tracer, which runs
+    the same policy (``trace/step.py`` ``apply_sac``), to the byte. Combinations the policy is
+    not modelled for (MoE layers, tensor or context parallelism) raise (:func:`trainplan.sac.check_sac`).
+    """
+    if model.is_moe_layer(layer) or layout.tp > 1 or layout.cp > 1:
+        check_sac(model, layout)
+    b = recipe.micro_batch if micro_batch is None else micro_batch
+    tokens = b * recipe.seq_len
+    e = activation_bytes_per_element(recipe)
+    kept = sum(lin.n_out for lin in block_linears(model) if lin.saved)
+    return {
+        "layer_input": e * tokens * model.hidden_size,
+        "sac_matmul_outputs": e * tokens * kept,
+        "attn_output_and_lse": e * tokens * model.q_dim + 4.0 * b * model.num_heads * recipe.seq_len,
+    }
+
+
+def sac_recompute_transient_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer: int) -> float:
+    """Bytes the backward of one block adds under ``recompute="sac"`` beyond what the block keeps.
+
+    The recomputation rebuilds the block's whole saved set (:func:`layer_activations` without
+    recompute), taking the kept outputs from the cache (``_CachedTorchDispatchMode`` releases each
+    cache entry as the recomputation consumes it); of the kept set only what autograd saves
+    stays. Counted as for full recompute — the rebuilt set in full, its copy of the block input
+    standing for the gradient of the block output, of the same size — the transient beyond the
+    activations counted for the block is the saved set without recompute less the kept set other
+    than the block input.
+
+    With early stop (``recompute_early_stop``) the recomputation ends when the down
+    projection's input is saved, before the down matmul asks the cache for its kept output: that
+    output (e·b·s·h) is never consumed and stays alive with the checkpoint until the block's
+    backward is over (traced). Not with a post-MLP norm (Gemma 2), whose saved input is that output.
+    """
+    none = layer_activations(model, replace(recipe, recompute="none"), layout, layer).total_bytes
+    kept = sac_layer_terms(model, recipe, layout, layer)
+    transient = none - (sum(kept.values()) - kept["layer_input"])
+    down = block_linears(model)[-1]
+    down_is_last_save = not model.post_norms or model.parallel_attn_mlp
+    if recipe.recompute_early_stop and down.saved and down_is_last_save:
+        transient += activation_bytes_per_element(recipe) * recipe.micro_batch * recipe.seq_len * down.n_out
+    return transient
 
 
 _ALL_LINEARS: Final = frozenset(LORA_TARGETS)
@@ -982,6 +1048,10 @@ def _stage_breakdown(
         if recipe.recompute == "full":
             full = layer_activations(model, replace(recipe, recompute="none"), layout, i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)
+        elif recipe.recompute == "sac":
+            largest_layer_full = max(
+                largest_layer_full, sac_recompute_transient_bytes(model, recipe, layout, i)
+            )
     if stage == 0:
         # int64 token ids of every in-flight micro-batch, and the RoPE cos/sin tables (s × d each,
         # shared by all layers and micro-batches). The embedding output is layer 0's norm input.
@@ -1073,6 +1143,8 @@ def memory_breakdown(
             f"the step runs inside each backward and frees the gradient, so gradients cannot "
             f"accumulate over {nmb} micro-batches; set the global batch to dp·micro-batch",
         )
+    if recipe.recompute == "sac":
+        check_sac(model, layout)
     stages = sorted({0, layout.pp - 1})
     results = [_stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb) for st in stages]
     return max(results, key=lambda m: m.per_device_bytes)

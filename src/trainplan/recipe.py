@@ -26,7 +26,7 @@ from trainplan.errors import RecipeError
 Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "ppo", "grpo"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
 Optimizer = Literal["adamw", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "sac"]
 Attention = Literal["flash", "eager"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 # The training software, which sets the calibrated compute factor κ (``timing.calibrated_kappa``):
@@ -112,6 +112,20 @@ class Recipe:
     global_batch: int | None = None  # None = dp × micro_batch (no gradient accumulation)
     tokens: float | None = None  # tokens to train for, for time-to-train and cost
     recompute: Recompute = "none"
+    """Activation recomputation of the transformer blocks (``RECOMPUTES``).
+
+    ``"none"``: every tensor autograd saves is kept. ``"selective"``: the attention core (the s²
+    score tensors) is recomputed, the rest kept (Korthikanti et al. 2022, Sec. 5; with flash
+    attention nothing is left to drop). ``"full"``: each block keeps only its input and is run
+    again in the backward (how much of it: ``recompute_early_stop``). ``"sac"``: torchtitan's
+    per-op selective checkpointing (``[activation_checkpoint] mode = "selective"``,
+    ``selective_ac_option = "op"``, its default): each block keeps its input, the outputs of every
+    other bias-free linear layer (odd-numbered ``aten.mm`` calls of the block: q, v, gate and down
+    of a Llama block) and of the SDPA kernel (output and log-sum-exp), and recomputes the rest in
+    the backward — the even-numbered matmuls (k, o, up), every biased linear (``aten.addmm``),
+    norms, rotary, activation and residual adds, not the attention core. Sources and the rule:
+    :mod:`trainplan.sac`. Modelled for dense blocks with flash attention, 16/32-bit GEMMs, no
+    adapters, no dropout, without tensor or context parallelism; other combinations are errors."""
     attention: Attention = "flash"
     offload: Offload = "none"
     lora: LoRASpec | None = None
@@ -130,7 +144,7 @@ class Recipe:
     is ready, and the gradient is freed (torchtune ``optimizer_in_bwd``, via
     ``register_post_accumulate_grad_hook``): at most one parameter's gradient is alive."""
     recompute_early_stop: bool = False
-    """How ``recompute="full"`` re-runs a checkpointed block in the backward (no effect otherwise).
+    """How ``recompute="full"`` (or ``"sac"``) re-runs a checkpointed block in the backward.
 
     ``False``: the whole block forward is run again. Megatron-LM's ``CheckpointFunction``
     (``megatron/core/tensor_parallel/random.py``: ``backward`` calls
@@ -149,6 +163,11 @@ class Recipe:
     This is what ``checkpoint_wrapper`` (``CheckpointImpl.NO_REENTRANT``) does under PyTorch FSDP /
     FSDP2, torchtune's ``set_activation_checkpointing``, Accelerate's
     ``fsdp_activation_checkpointing`` and torchtitan before 0.2.
+
+    Under ``recompute="sac"`` it is the same engine setting (torchtitan 0.2 passes its
+    ``early_stop`` to the per-op checkpoint too): the recomputation stops at the block's last
+    saved tensor, which skips the down projection's GEMM only when that projection is recomputed
+    (biased, or an even-numbered matmul) and always the last residual add.
 
     Accepted with every ``recompute`` value (it describes the checkpointing engine, which a plan
     keeps while it varies ``recompute``). It changes the full-recompute hardware FLOPs and
@@ -195,6 +214,8 @@ class Recipe:
                 f"must be true or false, got {self.recompute_early_stop!r} "
                 "(--recompute-early-stop: PyTorch non-reentrant checkpoint with early stop)",
             )
+        if self.recompute == "sac":
+            self._check_sac()
         if self.paged_optimizer and self.optimizer not in PAGED_OPTIMIZERS:
             raise RecipeError(
                 "paged_optimizer",
@@ -209,6 +230,34 @@ class Recipe:
         if self.method not in ("lora", "qlora") and self.lora is not None:
             raise RecipeError(
                 "lora_rank", f"LoRA settings given but method is {self.method!r}; use --method lora"
+            )
+
+    def _check_sac(self) -> None:
+        """Recipe settings under which per-op selective checkpointing is not modelled (``sac``)."""
+        instead = "use --recompute full or selective"
+        if self.method in ("lora", "qlora"):
+            raise RecipeError(
+                "recompute",
+                f"sac with {self.method}: the adapters' matmuls (and QLoRA's NF4 matmul) change which "
+                f"outputs the per-op policy keeps, which is not modelled; {instead}",
+            )
+        if self.precision in ("fp8", "fp4"):
+            raise RecipeError(
+                "recompute",
+                f"sac with {self.precision}: the low-precision linears run their casts and amax "
+                "reductions inside the block (torchtitan's policy keeps aten.max, and at 9dec370 aten.abs), "
+                f"which is not modelled; use --precision bf16, or {instead}",
+            )
+        if self.attention != "flash":
+            raise RecipeError(
+                "recompute",
+                "sac is modelled with flash attention (the policy keeps the SDPA kernel's output); "
+                f"use --attention flash, or {instead}",
+            )
+        if self.dropout > 0:
+            raise RecipeError(
+                "recompute",
+                f"sac with dropout: the recomputed dropout masks are not modelled; use --dropout 0, or {instead}",
             )
 
     @property

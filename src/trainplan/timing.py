@@ -581,9 +581,10 @@ def step_time(
         cpu_step = update_bytes / HOST_MEMORY_BYTES_PER_S
         offload_s = transfer + cpu_step
         if recipe.offload == "optimizer+params" and host_bw > 0:
-            # ZeRO-Infinity streams every layer's weights in for forward, recompute and backward.
+            # ZeRO-Infinity streams every layer's weights in for forward, recompute and backward
+            # (a per-op selective recomputation re-runs every module's forward hook too).
             weights = mem.params_on_device * 2.0 / max(1, layout.shard_group)
-            passes = 3 if recipe.recompute == "full" else 2
+            passes = 3 if recipe.recompute in ("full", "sac") else 2
             offload_s += max(0.0, m * passes * weights / host_bw - m * (t_f + t_b))
 
     grad_accum_s = grad_accumulation_bytes(mem.trainable_params_on_device, recipe, layout, m) / bw

@@ -170,6 +170,14 @@ def build_config(
             "selective recompute (fsdp_activation_checkpointing checkpoints whole layers)",
             "plan with --recompute full or none, or export to torchtitan",
         )
+    if recipe.recompute == "sac":
+        raise unsupported(
+            TARGET,
+            "recompute",
+            "per-op selective checkpointing (fsdp_activation_checkpointing and "
+            "gradient_checkpointing_enable checkpoint whole layers)",
+            "plan with --recompute full or none, or export to torchtitan",
+        )
     if recipe.recompute == "full" and backend == "FSDP" and not recipe.recompute_early_stop:
         # accelerate/utils/fsdp_utils.py::fsdp2_apply_ac: checkpoint_wrapper(layer,
         # preserve_rng_state=False), PyTorch's non-reentrant checkpoint with its default early stop

@@ -163,6 +163,14 @@ def build_config(
             "selective (attention-only) recompute",
             "plan with --recompute full or none, or export to torchtitan",
         )
+    elif recipe.recompute == "sac":
+        raise unsupported(
+            TARGET,
+            "recompute",
+            "per-op selective checkpointing (torchtitan's selective_ac_option = 'op'; "
+            "deepspeed.checkpointing recomputes whole layers)",
+            "plan with --recompute full or none, or export to torchtitan",
+        )
 
     opt = _OPTIMIZERS.get(recipe.optimizer)
     if opt is not None:

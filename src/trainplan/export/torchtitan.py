@@ -28,10 +28,14 @@ rejects unknown keys. The keys and where torchtitan uses them:
     ``torch.distributed.pipelining.schedules.get_schedule_class``; stage counts follow
     ``torchtitan/distributed/pipeline_parallel.py::pipeline_llm``.
 ``[activation_checkpoint]`` ``mode``, ``selective_ac_option``, ``early_stop``
-    ``job_config.ActivationCheckpoint``. ``early_stop`` (default ``false``) is passed to
-    ``torch.utils.checkpoint`` by ``torchtitan/distributed/activation_checkpoint.py::_apply_full_ac``;
-    it is written for full recompute from ``Recipe.recompute_early_stop``, so the job recomputes
-    what the estimate counts (the whole block, or the block up to its last saved tensor).
+    ``job_config.ActivationCheckpoint``. ``recompute="sac"`` is ``mode = "selective"``,
+    ``selective_ac_option = "op"`` (``_apply_op_sac``, the per-op policy :mod:`trainplan.sac`
+    models); ``recompute="selective"`` is written the same way with a warning, as torchtitan has no
+    attention-only recompute. ``early_stop`` (default ``false``) is passed to
+    ``torch.utils.checkpoint`` by ``torchtitan/distributed/activation_checkpoint.py::_apply_full_ac``
+    and ``_apply_op_sac``; it is written for full and per-op recompute from
+    ``Recipe.recompute_early_stop``, so the job recomputes what the estimate counts (the whole
+    block, or the block up to its last saved tensor).
 ``[compile]`` ``enable``, ``components``
     ``job_config.Compile``.
 ``[quantize.linear.float8]`` ``recipe_name``, ``enable_fsdp_float8_all_gather``,
@@ -372,19 +376,25 @@ def build_config(
         "optimizer": {"name": optimizer, "early_step_in_backward": recipe.optimizer_in_backward},
         "training": training,
         "parallelism": parallelism,
-        "activation_checkpoint": {"mode": recipe.recompute},
+        "activation_checkpoint": {"mode": "selective" if recipe.recompute == "sac" else recipe.recompute},
         "compile": {
             "enable": recipe.precision in ("fp8", "fp4") or layout.tp_comm_overlap,
             "components": ["model", "loss"],
         },
     }
-    if recipe.recompute == "full":
+    if recipe.recompute in ("full", "sac"):
+        # _apply_full_ac and _apply_op_sac both pass it to torch.utils.checkpoint
         config["activation_checkpoint"]["early_stop"] = recipe.recompute_early_stop
+    if recipe.recompute == "sac":
+        # torchtitan/distributed/activation_checkpoint.py::_apply_op_sac with the Llama 3 save list
+        # (torchtitan/models/llama3/infra/parallelize.py::_op_sac_save_list): what "sac" counts
+        config["activation_checkpoint"]["selective_ac_option"] = "op"
     if recipe.recompute == "selective":
         config["activation_checkpoint"]["selective_ac_option"] = "op"
         warnings.append(
             "recompute selective -> torchtitan per-op selective checkpointing (saves every other "
-            "matmul output), not the plan's attention-only recompute; its memory differs"
+            "matmul output), not the plan's attention-only recompute; its memory differs "
+            "(plan with --recompute sac for the matching estimate)"
         )
     if recipe.precision == "fp8":
         fsdp = shard * layout.cp > 1

@@ -82,7 +82,7 @@ from trainplan.memory import (
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Offload, Precision, Recipe, Recompute
+from trainplan.recipe import RECOMPUTES, Offload, Precision, Recipe, Recompute
 from trainplan.sharding import device_params
 from trainplan.timing import (
     HOST_MEMORY_BYTES_PER_S,
@@ -106,7 +106,7 @@ CHUNK: Final = 1 << 16
 """Candidates (memory keys) per pass of the array formulas: the few hundred temporaries of the
 step time and of the memory peak then stay in the processor cache. Element-wise formulas give
 the same result in any chunking."""
-_RECOMPUTES: Final = ("none", "selective", "full")
+_RECOMPUTES: Final = RECOMPUTES  # codes 0.. in the core table (none, selective, full, sac)
 _OFFLOADS: Final = ("none", "optimizer", "optimizer+params")  # codes 0, 1, 2 in the time model
 _SCHEDULES: Final = ("1f1b", "interleaved", "zb")  # codes 0, 1, 2 in the time model
 
@@ -937,7 +937,11 @@ class BulkEvaluator:
         self._fkey_flops = flop_of_core[self._fkey_core]
         self._c_sp = tab[:, 4] == 1
         self._c_full = tab[:, 6] == rc_code["full"]
-        self._c_rc_any = tab[:, 6] != rc_code["none"]
+        # timing.step_time: ZeRO-Infinity streams the weights a third time under full and sac recompute
+        self._c_refetch = self._c_full | (tab[:, 6] == rc_code["sac"])
+        # comm.context_parallel_collectives: full and selective recompute repeat the forward ring
+        # (sac is not modelled with context parallelism: its cores have cp = 1)
+        self._c_rc_any = (tab[:, 6] == rc_code["full"]) | (tab[:, 6] == rc_code["selective"])
         self._c_off = np.ascontiguousarray(tab[:, 7])
         # The pipeline bubble is (pp − 1) slots over v (interleaved) or 3 (ZB-H1); dividing by 1
         # (1F1B) is exact, so one division serves every schedule.
@@ -1604,7 +1608,7 @@ class BulkEvaluator:
             transfer = np.where(has_host, (grads_out + grads_out) / safe_host, 0.0)
             off_s = transfer + update[oi] / HOST_MEMORY_BYTES_PER_S
             wts = params_dev[oi] * 2.0 / shard_div
-            passes = np.where(self._c_full[core[oi]], 3, 2)
+            passes = np.where(self._c_refetch[core[oi]], 3, 2)
             mo = mf[oi]
             extra = np.maximum(0.0, mo * passes * wts / safe_host - mo * (t_f[oi] + t_b[oi]))
             offload_s[oi] = np.where((off[oi] == 2) & has_host, off_s + extra, off_s)

@@ -297,7 +297,16 @@ def enumerate_cores(
                                 invalid[k] = invalid.get(k, 0) + count
                             shared: dict[str, object] = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
                             shared |= {"sequence_parallel": sp, "pp_schedule": sched, "virtual_stages": v}
-                            cores += [Core.of_valid(shared | choice) for choice in choices]
+                            # Per-op selective checkpointing is modelled for dense blocks without
+                            # tensor or context parallelism (sac.check_sac, which the scalar
+                            # estimate raises): its cores elsewhere are invalid, not searched.
+                            sac_ok = not model.num_moe_layers and tp == 1 and cp == 1
+                            valid = [c for c in choices if sac_ok or c["recompute"] != "sac"]
+                            if len(valid) < len(choices):
+                                invalid["recompute: sac"] = (
+                                    invalid.get("recompute: sac", 0) + len(choices) - len(valid)
+                                )
+                            cores += [Core.of_valid(shared | choice) for choice in valid]
     # the order of Core's comparison (its fields in turn), by key rather than by comparisons
     cores.sort(key=operator.attrgetter(*(f.name for f in fields(Core))))
     return cores, invalid

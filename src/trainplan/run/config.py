@@ -15,6 +15,7 @@ from trainplan.errors import LayoutError, RecipeError, TrainplanError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec, MoESpec
 from trainplan.recipe import Recipe
+from trainplan.sac import check_sac
 
 Device = Literal["cpu", "cuda"]
 DEVICES: Final = ("cpu", "cuda")
@@ -37,7 +38,7 @@ class RunConfig:
     lr: float
     seed: int
     device: Device
-    recompute_early_stop: bool = False  # Recipe.recompute_early_stop (full recompute only)
+    recompute_early_stop: bool = False  # Recipe.recompute_early_stop (full and sac recompute)
 
     @property
     def tokens_per_step(self) -> int:
@@ -121,7 +122,11 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
     if recipe.optimizer != "adamw":
         raise RecipeError("optimizer", f"run uses AdamW, not {recipe.optimizer}")
     if recipe.recompute == "selective":
-        raise RecipeError("recompute", "run checkpoints whole blocks: use --recompute none or full")
+        raise RecipeError(
+            "recompute", "run checkpoints whole blocks or per op: use --recompute none, full or sac"
+        )
+    if recipe.recompute == "sac":
+        check_sac(model, layout)
     if recipe.attention != "flash":
         raise RecipeError(
             "attention", "run uses scaled_dot_product_attention (flash); drop --attention eager"

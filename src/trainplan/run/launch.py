@@ -253,7 +253,7 @@ def render(report: RunReport) -> str:
         f"{where}; layout {cfg.layout.describe()}",
         f"recipe: {cfg.precision}, adamw, seq {cfg.seq_len}, micro-batch {cfg.micro_batch}, "
         f"{cfg.grad_accum} micro-batch(es)/step, recompute {cfg.recompute}"
-        f"{' (early stop)' if cfg.recompute == 'full' and cfg.recompute_early_stop else ''}; "
+        f"{' (early stop)' if cfg.recompute in ('full', 'sac') and cfg.recompute_early_stop else ''}; "
         f"{cfg.tokens_per_step:,} tokens/step",
         f"{cfg.steps} steps: median of the {timed} after {cfg.warmup} warm-up step(s); slowest rank per step",
         "",

@@ -12,6 +12,8 @@ checkpointing → data parallel. How each layout field maps to a PyTorch API:
 * ``recompute full`` — ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper`` (non-reentrant)
   around every block, with early stop as ``recompute_early_stop`` says
   (:func:`trainplan.trace.step.apply_checkpointing`).
+* ``recompute sac`` — the same wrapper with torchtitan's per-op selective checkpointing policy
+  (:func:`trainplan.trace.step.apply_sac`: every other bias-free matmul and the SDPA output kept).
 * ``zero 0`` (dp > 1) — ``torch.nn.parallel.DistributedDataParallel``; with tp > 1 (DTensor
   parameters, which DDP does not take) the local gradient shards are averaged over the dp group
   with ``all_reduce`` after the backward.
@@ -67,7 +69,7 @@ from torch import nn
 
 from trainplan.run.config import RunConfig
 from trainplan.trace.models import Norm, ReferenceLM, build_model, retie
-from trainplan.trace.step import apply_checkpointing, apply_tp, split_dtensor_groups
+from trainplan.trace.step import apply_checkpointing, apply_sac, apply_tp, split_dtensor_groups
 
 INIT_STD = 0.02
 STRIDES = (1, 2, 3)
@@ -171,6 +173,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         apply_tp(model, mesh["tp"], sequence_parallel=layout.sequence_parallel)
     if cfg.recompute == "full":
         apply_checkpointing(model, early_stop=cfg.recompute_early_stop)
+    elif cfg.recompute == "sac":
+        apply_sac(model, early_stop=cfg.recompute_early_stop)
     if fsdp:
         apply_fsdp(model, mesh["dp"], precision=cfg.precision, zero=layout.zero)
     model.to_empty(device=device)

@@ -35,7 +35,7 @@ def _r(**kw: Any) -> Recipe:
 
 
 def matrix() -> list[MatrixEntry]:
-    """The configurations (dense and MoE, bf16/fp32, FSDP/TP/SP/checkpointing/LoRA/QLoRA).
+    """The configurations (dense and MoE, bf16/fp32, FSDP/TP/SP/checkpointing/LoRA/QLoRA/per-op SAC).
 
     Full recompute is traced as the recipe says: PyTorch's non-reentrant checkpoint with early
     stop (``recompute_early_stop``, the default of ``torch.utils.checkpoint`` and of FSDP2 /
@@ -108,6 +108,25 @@ def matrix() -> list[MatrixEntry]:
         E("gemma-2-9b", _r(recompute="full", recompute_early_stop=True), Layout(), 2),
         E("qwen1.5-moe-a2.7b", _r(recompute="full", recompute_early_stop=True), Layout(), 2),
         E("pythia-160m", _r(precision="fp32", recompute="full", recompute_early_stop=True), Layout(), None),
+        # per-op selective checkpointing (torchtitan's selective_ac_option = "op"): Llama blocks
+        # (q, v, gate, down kept), a GPT-2 block (every linear biased: none kept), biases on
+        # q/k/v only (the matmul count starts at o), a post-norm block, FSDP2, fp32, early stop
+        E("llama-3-8b", _r(recompute="sac", micro_batch=2), Layout(), 3),
+        E("llama-3-8b", _r(recompute="sac", precision="fp32"), Layout(), 2),
+        E("llama-3-8b", _r(recompute="sac"), Layout(dp=8, zero=3), 3),
+        E("llama-3.2-1b", _r(recompute="sac", seq_len=2048), Layout(dp=8, zero=3), 4),
+        E("llama-3-70b", _r(recompute="sac", seq_len=4096), Layout(dp=32, zero=3), 2),
+        E("llama-2-7b", _r(recompute="sac", recompute_early_stop=True, precision="fp32"), Layout(), 3),
+        E("gpt2", _r(recompute="sac", micro_batch=4), Layout(), None),
+        E(
+            "gpt2",
+            _r(recompute="sac", recompute_early_stop=True, precision="fp32"),
+            Layout(dp=4, zero=3),
+            None,
+        ),
+        E("qwen2.5-7b", _r(recompute="sac"), Layout(), 2),
+        E("gemma-2-9b", _r(recompute="sac", recompute_early_stop=True), Layout(), 2),
+        E("pythia-160m", _r(precision="fp32", recompute="sac", recompute_early_stop=True), Layout(), None),
     ]
     return out
 

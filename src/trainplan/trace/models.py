@@ -43,7 +43,10 @@ class _FusedRMSNorm(torch.autograd.Function):
     Its autograd formula (``tools/autograd/derivatives.yaml``, entry ``_fused_rms_norm``) saves the
     input (compute dtype), ``rstd`` (fp32, one per row) and the weight. On CPU ``rms_norm`` is a
     composite that upcasts and saves fp32 copies instead, which no GPU run does, so the reference
-    model uses this function to keep the CUDA saved set under fake-CPU tracing.
+    model uses this function to keep the CUDA saved set under fake-CPU tracing. Its backward is
+    the fused ``_fused_rms_norm_backward`` where that kernel exists (CUDA, fake tensors), so a
+    trace sees its two outputs and not the FP32 temporaries of the explicit formula, which real
+    CPU tensors and DTensor inputs (no sharding rule for the fused op is relied on) still use.
     """
 
     @staticmethod
@@ -57,11 +60,25 @@ class _FusedRMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         x, rstd, weight = ctx.saved_tensors
+        fused = getattr(torch.ops.aten, "_fused_rms_norm_backward", None)
+        if fused is not None and (x.device.type != "cpu" or _is_fake(x)):
+            # The fused kernel (CUDA, and fake tensors through its meta function; no CPU kernel):
+            # it allocates its two outputs only, not the FP32 temporaries of the formula below.
+            gx, gw = fused(
+                grad, x, [x.shape[-1]], rstd, weight, [ctx.needs_input_grad[0], ctx.needs_input_grad[1]]
+            )
+            return gx, gw, None
         xhat = x.float() * rstd
         gw = grad.float() * weight.float()
         grad_x = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
         grad_w = (grad.float() * xhat).sum(dim=tuple(range(grad.dim() - 1)))
         return grad_x.to(x.dtype), grad_w.to(weight.dtype), None
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
 
 
 class _LayerNormFP32Stats(torch.autograd.Function):

@@ -1,7 +1,8 @@
 """Trace one training step of a reference model under fake tensors on a fake process group.
 
 What is built, in torchtitan's order (``torchtitan/models/llama3/infra/parallelize.py``):
-tensor parallelism (DTensor ``parallelize_module``) → activation checkpointing → FSDP2
+tensor parallelism (DTensor ``parallelize_module``) → activation checkpointing (full, or
+torchtitan's per-op selective policy: :func:`apply_sac`) → FSDP2
 (``fully_shard`` per block, then the root) → parameters materialised as fake CPU tensors.
 
 Precision (what each configuration keeps, per trained parameter):
@@ -301,6 +302,89 @@ def apply_checkpointing(model: ReferenceLM, *, early_stop: bool) -> None:
         model.layers[i] = checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn, preserve_rng_state=False)
 
 
+def sac_save_ops() -> frozenset[Any]:
+    """The ops whose outputs torchtitan's per-op selective checkpointing keeps, as ops of this torch.
+
+    torchtitan 0.2.2 ``_op_sac_save_list`` (torchtitan/models/llama3/infra/parallelize.py):
+    ``aten.mm``, the SDPA kernels (``_scaled_dot_product_efficient_attention``,
+    ``_scaled_dot_product_flash_attention``, ``_scaled_dot_product_cudnn_attention``,
+    ``_scaled_dot_product_attention_math``, ``_scaled_dot_product_fused_attention_overrideable``),
+    ``_c10d_functional.reduce_scatter_tensor`` and ``aten.max`` (the FP8 amax); the flex, varlen
+    and compiled-region entries are not reachable from the reference blocks. The CPU flash kernel
+    ``_scaled_dot_product_flash_attention_for_cpu``, which SDPA dispatches to under fake CPU
+    tensors, stands in for the CUDA ``_scaled_dot_product_flash_attention`` (both return the
+    output and the FP32 log-sum-exp). ``aten.addmm`` (a linear layer with a bias) and
+    ``aten.bmm`` are not in the list: their outputs are recomputed.
+    """
+    aten = torch.ops.aten
+    names = (
+        "mm",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_attention_math",
+        "_scaled_dot_product_fused_attention_overrideable",
+        "max",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    ops: set[Any] = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    ops.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    return frozenset(ops)
+
+
+def apply_sac(model: ReferenceLM, *, early_stop: bool, on_save: Any = None) -> None:
+    """Per-op selective activation checkpointing of every block, as torchtitan's ``selective_ac_option = "op"``.
+
+    The policy of ``_apply_op_sac`` in torchtitan/distributed/activation_checkpoint.py (0.2.2;
+    the same at pytorch/torchtitan@9dec370, torchtitan/parallelisms/parallelize_llama.py), on
+    ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` under a non-reentrant
+    ``checkpoint_wrapper``: within one checkpointed block call, the outputs of the ops of
+    :func:`sac_save_ops` are kept (``MUST_SAVE``) except every second ``aten.mm`` (the count
+    starts at each block call, separately for the forward and the recomputation), and every
+    other op is recomputed (``PREFER_RECOMPUTE``). ``early_stop`` as for :func:`apply_checkpointing`
+    (torchtitan 0.2's ``[activation_checkpoint] early_stop``, default false). ``on_save`` is called
+    with each kept output during the forward (the tracer counts them as activations), where the
+    torch version hands the policy the op's output (``SelectiveCheckpointContext.op_output``, as
+    2.13 does; without it the kept outputs still count in the live bytes, as temporaries).
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+        set_checkpoint_early_stop,
+    )
+
+    save_ops = sac_save_ops()
+    mm = torch.ops.aten.mm.default
+
+    def context_fn() -> Any:
+        counts = {False: 0, True: 0}  # aten.mm calls in the forward / in the recomputation
+
+        def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+            if func == mm:
+                counts[ctx.is_recompute] += 1
+                if counts[ctx.is_recompute] % 2 == 0:
+                    return CheckpointPolicy.PREFER_RECOMPUTE
+            if func not in save_ops:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            if on_save is not None and not ctx.is_recompute:
+                for t in tree_flatten(getattr(ctx, "op_output", None))[0]:
+                    if isinstance(t, torch.Tensor):
+                        on_save(t)
+            return CheckpointPolicy.MUST_SAVE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    def checkpoint_fn(function: Any, *args: Any, **kwargs: Any) -> Any:
+        with set_checkpoint_early_stop(early_stop):
+            return checkpoint(function, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+    for i, block in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn, preserve_rng_state=False)
+
+
 def apply_fsdp(model: ReferenceLM, mesh: Any, recipe: Recipe) -> None:
     """FSDP2 ``fully_shard`` on every block, then the root (embedding, final norm, head), as torchtitan.
 
@@ -382,7 +466,15 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
     if layout.zero in (1, 2):
         raise UnsupportedConfig("ZeRO-1/2 are not traced (FSDP2 implements ZeRO-3 only)")
     if recipe.recompute == "selective":
-        raise UnsupportedConfig("selective recompute is not traced (only none and full)")
+        raise UnsupportedConfig("selective (attention-core) recompute is not traced (none, full and sac are)")
+    if recipe.recompute == "sac":
+        from trainplan.errors import TrainplanError
+        from trainplan.sac import check_sac
+
+        try:
+            check_sac(model, layout)
+        except TrainplanError as err:
+            raise UnsupportedConfig(f"sac is not traced where it is not modelled: {err.message}") from err
     if recipe.optimizer != "adamw":
         raise UnsupportedConfig(f"optimizer {recipe.optimizer!r} is not traced (AdamW only)")
     if recipe.attention != "flash":
@@ -446,8 +538,15 @@ def trace_step(model: ModelSpec, recipe: Recipe, layout: Layout, *, depth: int |
     if layout.tp > 1:
         assert mesh is not None
         apply_tp(net, mesh["tp"], sequence_parallel=layout.sequence_parallel)
+    sac_sink: list[Any] = []  # the tracker, once it exists: it counts what the policy keeps
     if recipe.recompute == "full":
         apply_checkpointing(net, early_stop=recipe.recompute_early_stop)
+    elif recipe.recompute == "sac":
+        apply_sac(
+            net,
+            early_stop=recipe.recompute_early_stop,
+            on_save=lambda t: sac_sink[0].mark_saved(t) if sac_sink else None,
+        )
     if fsdp:
         assert mesh is not None
         apply_fsdp(net, mesh["dp"], recipe)
@@ -481,11 +580,17 @@ def trace_step(model: ModelSpec, recipe: Recipe, layout: Layout, *, depth: int |
         labels = torch.zeros((b, s), dtype=torch.int64)
 
         tracker = LiveStorageTracker()
+        sac_sink.append(tracker)
         layer_saved: list[int] = []
         hooks = _region_hooks(net, tracker, layer_saved)
         counter = flop_counter()
         tracker.ignore(host_state)
-        with tracker, counter:
+        # The tracker is entered last, so it is the first mode to see each op, as the device runs
+        # it: the FLOP counter runs the CompositeImplicitAutograd decomposition of an op it has no
+        # formula for (``FlopCounterMode.__torch_dispatch__``: ``func.decompose``; e.g.
+        # ``silu_backward`` into sigmoid, sub, mul, add, mul, mul), whose temporaries a CUDA step,
+        # running the op's own kernel, never allocates.
+        with counter, tracker:
             for t in [*net.parameters(), *net.buffers(), *opt_state, tokens, labels]:
                 tracker.track(t)
             tracker.set_phase("forward")
@@ -604,6 +709,7 @@ __all__ = [
     "UnsupportedConfig",
     "apply_checkpointing",
     "apply_fsdp",
+    "apply_sac",
     "apply_tp",
     "init_fake_process_group",
     "trace_step",

@@ -14,7 +14,8 @@ Each storage carries a category, decided once the step is over:
 ``gradients``        storages that end up as ``param.grad``
 ``optimizer``        optimizer state tensors (moments, FP32 master weights; the ``step`` counters are host tensors)
 ``gather_buffers``   FSDP2 all-gather outputs / unsharded parameters (transient per block)
-``activations``      storages saved for backward by autograd (``saved_tensors_hooks``) in the blocks
+``activations``      storages saved for backward by autograd (``saved_tensors_hooks``) in the blocks,
+                     and the op outputs a selective-checkpoint policy keeps (``mark_saved``)
 ``logits``           storages saved by the output layer: final norm, head, fp32 logits, loss
 ``temporaries``      everything else alive at the peak (an operator's output not yet consumed,
                      foreach buffers in the optimizer step, gradients of activations)
@@ -223,15 +224,19 @@ class LiveStorageTracker(TorchDispatchMode):
         if self._orig_resize is not None:
             torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
 
+    def mark_saved(self, t: torch.Tensor) -> None:
+        """Count a tensor's storages as saved for backward (in the current region)."""
+        for k in self.track(t):
+            if k not in self.saved_keys:
+                self.saved_keys.add(k)
+                self.saved_region[k] = self.region
+
     @contextlib.contextmanager
     def recording_saved_tensors(self) -> Iterator[None]:
         """Mark every storage autograd saves for backward as an activation."""
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            for k in self.track(t):
-                if k not in self.saved_keys:
-                    self.saved_keys.add(k)
-                    self.saved_region[k] = self.region
+            self.mark_saved(t)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -179,7 +179,7 @@ def _pct(e: float | None) -> str:
 def describe(recipe: Recipe, layout: Layout) -> str:
     parts = [recipe.method, recipe.precision, f"b={recipe.micro_batch}", f"s={recipe.seq_len}"]
     if recipe.recompute != "none":
-        early = " early-stop" if recipe.recompute == "full" and recipe.recompute_early_stop else ""
+        early = " early-stop" if recipe.recompute in ("full", "sac") and recipe.recompute_early_stop else ""
         parts.append(f"recompute={recipe.recompute}{early}")
     if not recipe.master_weights:
         parts.append("pure16")

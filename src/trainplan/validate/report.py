@@ -13,7 +13,7 @@ from trainplan.errors import TrainplanError
 from trainplan.layout import Layout
 from trainplan.memory import memory_breakdown
 from trainplan.models import load_model
-from trainplan.recipe import Recipe
+from trainplan.recipe import RECOMPUTES, Recipe
 from trainplan.sharding import DeviceParams
 from trainplan.validate.datasets import REGISTRY, MemoryRow, memory_rows
 from trainplan.validate.timing import TIMING_DATASETS, DatasetResult, RowResult, validate_dataset
@@ -50,7 +50,7 @@ def memory_row_result(row: MemoryRow) -> RowResult:
             if row.preset is None or row.seq_len is None or row.micro_batch is None:
                 raise TrainplanError("model", "row lacks a preset, sequence length or micro-batch")
             model = load_model(row.preset)
-            recompute = row.recompute if row.recompute in ("none", "selective", "full") else "none"
+            recompute = row.recompute if row.recompute in RECOMPUTES else "none"
             recipe = Recipe(
                 method=row.method if row.method in ("full", "lora", "qlora") else "pretrain",  # type: ignore[arg-type]
                 precision="bf16",

@@ -29,7 +29,7 @@ from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models import load_model
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Attention, LoRASpec, Recipe
+from trainplan.recipe import RECOMPUTES, Attention, LoRASpec, Recipe
 from trainplan.timing import step_time, throughput
 from trainplan.validate.datasets import REGISTRY, TimingRow, timing_rows
 
@@ -169,7 +169,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
     elif row.virtual_stages is None:
         v = 2
         assumptions.append("virtual_stages=2 (interleaved, count not published)")
-    recompute = row.recompute if row.recompute in ("none", "selective", "full") else "none"
+    recompute = row.recompute if row.recompute in RECOMPUTES else "none"
     if row.recompute == "unstated":
         assumptions.append("recompute=none (not published)")
     precision = row.precision if row.precision in ("fp32", "bf16", "fp16", "fp8", "fp4") else "bf16"
