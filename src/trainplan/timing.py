@@ -459,8 +459,15 @@ def step_time(
     m = stages[0].micro_batches
     tokens = recipe.micro_batch * (recipe.seq_len // layout.cp)
 
+    # η depends only on the layer kinds (dense, MoE) a stage holds, in order of first appearance:
+    # computed once per distinct sequence of kinds (pipeline stages usually share one).
+    etas: dict[tuple[bool, ...], float] = {}
+
     def stage_time(st: StageFlops) -> tuple[float, float, float, float]:
-        eta = _stage_gemm_efficiency(model, st.layers, tokens, layout, eff, dtype)
+        kinds = tuple(dict.fromkeys(model.is_moe_layer(i) for i in st.layers))
+        eta = etas.get(kinds)
+        if eta is None:
+            eta = etas[kinds] = _stage_gemm_efficiency(model, st.layers, tokens, layout, eff, dtype)
         f = _pass_time_s(st.forward, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
         b = (
             _pass_time_s(st.backward, peak, eta, eta_attn, bw, peak_hp, peak_attn) + st.dequant_bytes / bw
