@@ -23,99 +23,24 @@ import sys
 import time
 from pathlib import Path
 
-# (name, flags after the model name) — single GPU, smallest first (an 8B full fine-tune does not fit one 141 GB H200 with FP32 states)
+
+def _case(model: str, seq: int, micro: int, *extra: str) -> tuple[str, list[str]]:
+    """One BF16 single-GPU plan: (name, the flags after ``trainplan run``)."""
+    name = "-".join([model, "bf16", f"s{seq}", f"b{micro}", *(e.lstrip("-") for e in extra)])
+    flags = [model, "--precision", "bf16", "--seq-len", str(seq), "--micro-batch", str(micro), *extra]
+    return name, flags
+
+
+# Smallest first. An 8B full fine-tune does not fit one 141 GB H200 with FP32 states.
 CASES: tuple[tuple[str, list[str]], ...] = (
-    ("gpt2-bf16-s1024-b8", ["gpt2", "--precision", "bf16", "--seq-len", "1024", "--micro-batch", "8"]),
-    (
-        "llama-3.2-1b-bf16-s2048-b4",
-        ["llama-3.2-1b", "--precision", "bf16", "--seq-len", "2048", "--micro-batch", "4"],
-    ),
-    (
-        "llama-3.2-1b-bf16-s2048-b4-full-recompute",
-        [
-            "llama-3.2-1b",
-            "--precision",
-            "bf16",
-            "--seq-len",
-            "2048",
-            "--micro-batch",
-            "4",
-            "--recompute",
-            "full",
-        ],
-    ),
-    (
-        "llama-3.2-1b-bf16-s2048-b4-sac",
-        [
-            "llama-3.2-1b",
-            "--precision",
-            "bf16",
-            "--seq-len",
-            "2048",
-            "--micro-batch",
-            "4",
-            "--recompute",
-            "sac",
-        ],
-    ),
-    (
-        "llama-3.2-1b-bf16-s2048-b2-accum4",
-        [
-            "llama-3.2-1b",
-            "--precision",
-            "bf16",
-            "--seq-len",
-            "2048",
-            "--micro-batch",
-            "2",
-            "--global-batch",
-            "8",
-            "--grad-accumulation",
-            "autograd",
-        ],
-    ),
-    (
-        "llama-3.2-3b-bf16-s2048-b2-full-recompute",
-        [
-            "llama-3.2-3b",
-            "--precision",
-            "bf16",
-            "--seq-len",
-            "2048",
-            "--micro-batch",
-            "2",
-            "--recompute",
-            "full",
-        ],
-    ),
-    (
-        "llama-3.2-3b-bf16-s4096-b1-full-recompute",
-        [
-            "llama-3.2-3b",
-            "--precision",
-            "bf16",
-            "--seq-len",
-            "4096",
-            "--micro-batch",
-            "1",
-            "--recompute",
-            "full",
-        ],
-    ),
-    (
-        "llama-3.2-3b-bf16-s8192-b1-full-recompute",
-        [
-            "llama-3.2-3b",
-            "--precision",
-            "bf16",
-            "--seq-len",
-            "8192",
-            "--micro-batch",
-            "1",
-            "--recompute",
-            "full",
-        ],
-    ),
+    _case("gpt2", 1024, 8),
+    _case("llama-3.2-1b", 2048, 4),
+    _case("llama-3.2-1b", 2048, 4, "--recompute", "full"),
+    _case("llama-3.2-1b", 2048, 4, "--recompute", "sac"),
+    _case("llama-3.2-1b", 2048, 2, "--global-batch", "8", "--grad-accumulation", "autograd"),
+    _case("llama-3.2-3b", 2048, 2, "--recompute", "full"),
+    _case("llama-3.2-3b", 4096, 1, "--recompute", "full"),
+    _case("llama-3.2-3b", 8192, 1, "--recompute", "full"),
 )
 
 
