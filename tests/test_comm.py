@@ -387,3 +387,29 @@ def test_per_parameter_zero3_is_slower_and_scales_worse() -> None:
         assert steps[n, "parameter"] > steps[n, "block"]
     # block: 4x the devices cut the step; per parameter the saving is smaller
     assert steps[512, "parameter"] / steps[128, "parameter"] > steps[512, "block"] / steps[128, "block"]
+
+
+def test_early_stop_skips_the_recomputed_down_projection_reduction() -> None:
+    """PyTorch's early stop does not rerun a dense block's down projection, nor its TP reduction."""
+    from trainplan.models import load_model
+
+    spec = load_model("llama-3.2-1b")
+    system = FakeSystem(num_devices=8)
+    layout = Layout(dp=2, tp=4, sequence_parallel=True)
+    placements = C.group_placement(layout, system)
+    net = C.network_from_system(system)
+    whole = Recipe(seq_len=2048, micro_batch=1, global_batch=4, recompute="full")
+    early = Recipe(seq_len=2048, micro_batch=1, global_batch=4, recompute="full", recompute_early_stop=True)
+    assert C.recompute_skipped_tp_reductions(spec, early, spec.num_layers) == spec.num_layers
+    assert C.recompute_skipped_tp_reductions(spec, whole, spec.num_layers) == 0
+    fp8 = Recipe(precision="fp8", recompute="full", recompute_early_stop=True)
+    assert C.recompute_skipped_tp_reductions(spec, fp8, spec.num_layers) == 0  # the float8 linear saves last
+
+    def calls(recipe: Recipe) -> dict[str, float]:
+        cols = C.step_collectives(spec, recipe, layout, net, placements, dense_params=1.2e9, micro_batches=2)
+        return {c.name: c.calls for c in cols if c.group == "tp"}
+
+    a, b = calls(whole), calls(early)
+    assert a["tp_recompute_reduce_scatter"] - b["tp_recompute_reduce_scatter"] == spec.num_layers * 2
+    assert a["tp_recompute_all_gather"] == b["tp_recompute_all_gather"]
+    assert a["tp_forward_reduce_scatter"] == b["tp_forward_reduce_scatter"]

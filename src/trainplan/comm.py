@@ -676,6 +676,7 @@ def tensor_parallel_collectives(
     tp: GroupPlacement,
     network: Network,
     overlap: Overlap = "none",
+    recompute_skipped_reductions: int = 0,
 ) -> tuple[Collective, ...]:
     """Tensor-parallel activation collectives of the layers on one device per step.
 
@@ -683,7 +684,9 @@ def tensor_parallel_collectives(
     has two TP regions (attention, MLP): forward ends each with an all-reduce (``g``), backward
     starts each with one (``f``), so 2 + 2 per layer; with sequence parallelism the forward pair
     becomes all-gather (entering the region) + reduce-scatter (leaving it), and backward the mirror,
-    with the same bandwidth (AR = RS + AG). Full recompute re-runs the forward collectives; selective
+    with the same bandwidth (AR = RS + AG). Full recompute re-runs the forward collectives, less
+    the closing reduction of the ``recompute_skipped_reductions`` layers whose recompute stops
+    before it (PyTorch's early stop: :func:`recompute_skipped_tp_reductions`); selective
     recompute of the attention core needs none. Not overlapped by default (Megatron's TP comm sits
     on the critical path unless ``--tp-comm-overlap``). Omitted: the vocab-parallel embedding
     all-reduce and the cross-entropy reductions (one b·s·h and a few b·s per micro-batch).
@@ -696,6 +699,7 @@ def tensor_parallel_collectives(
         passes.append(("recompute", overlap))
     out: list[Collective] = []
     for name, ov in passes:
+        closing = per_pass - (recompute_skipped_reductions * micro_batches if name == "recompute" else 0)
         if sequence_parallel:
             out.append(
                 _collective(
@@ -715,7 +719,7 @@ def tensor_parallel_collectives(
                     "reduce_scatter",
                     tp,
                     activation_bytes,
-                    per_pass,
+                    closing,
                     network,
                     ov,
                     _TP_SRC,
@@ -746,13 +750,35 @@ def tensor_parallel_collectives(
                     "all_reduce",
                     tp,
                     activation_bytes,
-                    per_pass,
+                    closing,
                     network,
                     ov,
                     _TP_SRC,
                 )
             )
     return tuple(out)
+
+
+def recompute_skipped_tp_reductions(spec: ModelSpec, recipe: Recipe, layers: int) -> int:
+    """Of the first ``layers`` layers, how many stop their full recompute before the block's closing
+    tensor-parallel reduction (the down projection's all-reduce / reduce-scatter).
+
+    PyTorch's early stop (``Recipe.recompute_early_stop``) does not rerun the ops after a block's
+    last saved tensor; on a dense layer whose down-projection GEMM is among them
+    (``flops.early_stop_skip``), the row-parallel reduction of its output is not rerun either.
+    LoRA/QLoRA layers are not counted (which of the adapter and base partial sums is reduced is
+    implementation-specific), nor MoE layers.
+    """
+    if recipe.recompute != "full" or not recipe.recompute_early_stop or recipe.is_peft:
+        return 0
+    from trainplan.flops import early_stop_skip
+
+    b, s = float(recipe.micro_batch), float(recipe.seq_len)
+    return sum(
+        1
+        for i in range(min(layers, spec.num_layers))
+        if not spec.is_moe_layer(i) and early_stop_skip(spec, i, recipe, b, s).gemm_flops > 0
+    )
 
 
 _PP_SRC = (
@@ -945,6 +971,7 @@ def step_collectives(
         recompute=recipe.recompute,
         tp=placements["tp"],
         network=network,
+        recompute_skipped_reductions=recompute_skipped_tp_reductions(spec, recipe, layers),
     )
     out += pipeline_collectives(
         activation_bytes=act,

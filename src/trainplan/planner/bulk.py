@@ -61,7 +61,7 @@ from typing import Any, Final, cast
 import numpy as np
 import numpy.typing as npt
 
-from trainplan.comm import network_from_system
+from trainplan.comm import network_from_system, recompute_skipped_tp_reductions
 from trainplan.cost import IDLE_POWER_FRACTION
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, get_efficiency
@@ -1376,6 +1376,22 @@ class BulkEvaluator:
         out["m"] = m
         return out
 
+    @functools.cached_property
+    def _c_tp_skips(self) -> IntArray:
+        """``comm.recompute_skipped_tp_reductions`` per core (its recipe, ⌈L/pp⌉ layers)."""
+        model = self.model
+        memo: dict[tuple[object, ...], int] = {}
+        out = np.zeros(len(self.cores), dtype=np.int64)
+        for i, c in enumerate(self.cores):
+            if c.tp == 1 or c.recompute != "full" or not self.base.recompute_early_stop:
+                continue  # no tensor-parallel recompute collectives, or nothing skipped
+            recipe = c.recipe(self.base)
+            key = (recipe.precision, recipe.method, recipe.dropout, c.pp)  # what the count reads
+            if key not in memo:
+                memo[key] = recompute_skipped_tp_reductions(model, recipe, -(-model.num_layers // c.pp))
+            out[i] = memo[key]
+        return out
+
     def _collectives(self, acc: IntArray, dpi: IntArray, core: IntArray) -> dict[str, FloatArray]:
         """Per-call times of the step's collectives for each candidate (``comm.Network.time_s`` on
         the placements of ``comm.group_placement``, as ``comm.step_collectives`` sizes them).
@@ -1668,10 +1684,15 @@ class BulkEvaluator:
             rs = call["tp_rs"] * per_pass
             ar = call["tp_ar"] * per_pass
             ag_sp, rs_sp, ar_no = np.where(sp, ag, 0.0), np.where(sp, rs, 0.0), np.where(sp, 0.0, ar)
+            # the recompute's closing reductions: less those early stop skips
+            # (comm.recompute_skipped_tp_reductions of the stage's layers, the plan's recipe)
+            closing = per_pass - self._c_tp_skips[core] * mi
+            rs_r = np.where(sp, call["tp_rs"] * closing, 0.0)
+            ar_r = np.where(sp, 0.0, call["tp_ar"] * closing)
             # forward, backward (+ re-gather with SP), recompute (full only); summed in that order
             tp_s = tp_s + ag_sp + rs_sp + ar_no
             tp_s = tp_s + ag_sp + rs_sp + ag_sp + ar_no
-            tp_s = tp_s + np.where(full, ag_sp, 0.0) + np.where(full, rs_sp, 0.0) + np.where(full, ar_no, 0.0)
+            tp_s = tp_s + np.where(full, ag_sp, 0.0) + np.where(full, rs_r, 0.0) + np.where(full, ar_r, 0.0)
             tp_s = np.where(tp_on, tp_s, 0.0)
 
         pp_s = np.zeros(n)
