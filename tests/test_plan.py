@@ -15,7 +15,7 @@ from trainplan.estimate import Estimate, estimate
 from trainplan.hardware import get_accelerator
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
-from trainplan.layout import Layout
+from trainplan.layout import Layout, LayoutOptions
 from trainplan.models import load_model
 from trainplan.models.spec import ModelSpec
 from trainplan.planner import (
@@ -463,3 +463,116 @@ def test_step_time_bound_is_a_lower_bound() -> None:
     args = (cand.take(sub), res.micro_batches[sub], mem["trainable"][key[sub]], mem["params_dev"][key[sub]])
     bound = ev._time(*args, bound_only=True)["bound"]
     assert sub.size and (bound <= res.step_s[sub]).all()
+
+
+OPTION_VARIANTS = (
+    LayoutOptions(tp_comm_overlap=True),
+    LayoutOptions(pp_comm_overlap=True, overlap_grad_reduce=False),
+    LayoutOptions(grad_accumulation="autograd"),
+    LayoutOptions(grad_accumulation="main_grad"),
+    LayoutOptions(zero3_granularity="parameter"),
+)
+
+
+@pytest.mark.parametrize("options", OPTION_VARIANTS, ids=lambda o: o.describe())
+def test_bulk_equals_scalar_with_every_layout_option(options: LayoutOptions) -> None:
+    """The engine options the estimate models are evaluated by the planner with the same terms:
+    every reported field of sampled candidates equals the scalar estimate of the same layout."""
+    recipe = Recipe(method="pretrain", tokens=1e9, global_batch=32, seq_len=4096)
+    names = ("h100-sxm", "mi300x", "gb200")
+    model = load_model("llama-3.2-1b")
+    accs = sorted((get_accelerator(n) for n in names), key=lambda a: a.name)
+    space = replace(SMALL, layout_options=options)
+    cores, _ = enumerate_cores(model, recipe, space, max(a.scale_up.domain_size for a in accs))
+    cand = enumerate_candidates(cores, accs, space, {}, {}, recipe.global_batch)
+    prices = [_price(a, None, {}) for a in accs]
+    res = BulkEvaluator(model, recipe, cores, accs, prices, pue=1.2, options=options).evaluate(cand)
+    plain = BulkEvaluator(model, recipe, cores, accs, prices, pue=1.2).evaluate(cand)
+    feasible = np.nonzero(res.feasible)[0]
+    rng = np.random.default_rng(3)
+    picked = rng.choice(feasible, 40, replace=False).tolist()
+    checked = 0
+    for i in picked:
+        core = cores[int(cand.core[i])]
+        e = estimate(
+            System(accelerator=accs[int(cand.acc[i])], num_devices=int(cand.devices[i])),
+            model,
+            core.recipe(recipe),
+            core.layout(int(cand.dp[i]), int(cand.zero[i]), options),
+            price_usd_per_device_hour=prices[int(cand.acc[i])],
+        )
+        d = e.to_dict()
+        for key, value in res.row(i).items():
+            group, name = key.split(".")
+            if d[group][name] is None:
+                assert math.isnan(value), key
+                continue
+            assert value == pytest.approx(d[group][name], rel=1e-9, abs=1e-12), key
+            checked += 1
+    assert checked > 500
+    # the option changes some step times (it is not ignored)
+    both = np.nonzero(res.feasible & plain.feasible)[0]
+    assert (res.step_s[both] != plain.step_s[both]).any()
+
+
+@pytest.mark.parametrize("options", OPTION_VARIANTS, ids=lambda o: o.describe())
+def test_planner_best_equals_brute_force_with_layout_options(options: LayoutOptions) -> None:
+    """With every engine option in the space, the planner's fastest plan is the brute-force best
+    over ``estimate`` of every layout with those options."""
+    model = load_model("llama-3.2-1b")
+    recipe = Recipe(method="pretrain", tokens=1e9, global_batch=16, seq_len=2048)
+    space = SearchSpace(
+        micro_batches=(1, 2),
+        recomputes=("none", "full"),
+        offloads=("none",),
+        device_counts=(4,),
+        pp_schedules=("1f1b",),
+        max_devices=4,
+        layout_options=options,
+    )
+    acc = get_accelerator("h100-sxm")
+    result = plan(model, recipe, [acc], space=space, objective="time", top=3)
+    best = math.inf
+    for tp in (1, 2, 4):
+        for pp in (1, 2, 4):
+            if 4 % (tp * pp):
+                continue
+            for zero in (0, 1, 2, 3):
+                for sp in (False, True):
+                    for mb in (1, 2):
+                        for rc in ("none", "full"):
+                            try:
+                                core = Core(
+                                    tp=tp,
+                                    pp=pp,
+                                    cp=1,
+                                    ep=1,
+                                    sequence_parallel=sp,
+                                    micro_batch=mb,
+                                    recompute=rc,  # type: ignore[arg-type]
+                                    offload="none",
+                                    precision="bf16",
+                                    pp_schedule="1f1b",
+                                    virtual_stages=1,
+                                )
+                                e = estimate(
+                                    System(accelerator=acc, num_devices=4),
+                                    model,
+                                    core.recipe(recipe),
+                                    core.layout(4 // (tp * pp), zero, options),
+                                )
+                            except TrainplanError:
+                                continue
+                            if e.feasible and e.run.time_s is not None:
+                                best = min(best, e.run.time_s)
+    assert result.fastest is not None
+    assert result.fastest.estimate.run.time_s == pytest.approx(best, rel=1e-9)
+    assert result.fastest.estimate.layout == replace(
+        result.fastest.estimate.layout,
+        **options.for_candidate(  # type: ignore[arg-type]
+            sequence_parallel=result.fastest.estimate.layout.sequence_parallel,
+            pp=result.fastest.estimate.layout.pp,
+            zero=result.fastest.estimate.layout.zero,
+        ),
+    )
+    assert any("not searched" in n and options.describe() in n for n in result.notes)

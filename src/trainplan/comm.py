@@ -47,13 +47,15 @@ stride tp, the expert-data group stride tp·ep, the dp group stride tp·cp and p
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import CatalogError, LayoutError, TrainplanError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
+from trainplan.num import Bool, Int, Num, as_float, ceil_div, logical_not, maximum, minimum, where
 from trainplan.recipe import Recipe
 
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
@@ -94,22 +96,76 @@ def _check(
         raise TrainplanError("efficiency", f"must be in (0, 1], got {efficiency}")
 
 
-def bus_factor(kind: CollectiveKind, group: int) -> float:
+def bus_factor(kind: CollectiveKind, group: Int) -> Num:
     """Bytes each rank sends per byte of buffer (nccl-tests ``doc/PERFORMANCE.md`` busbw factors)."""
     if kind == "send_recv":
         return 1.0
-    if group <= 1:
-        return 0.0
-    n = float(group)
-    return 2.0 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
+    n = as_float(group)
+    f = 2.0 * (n - 1) / maximum(n, 1.0) if kind == "all_reduce" else (n - 1) / maximum(n, 1.0)
+    return where(group <= 1, 0.0, f)
 
 
-def _steps(kind: CollectiveKind, group: int) -> int:
+def _steps(kind: CollectiveKind, group: Int) -> Int:
+    """Latency steps: ring all-reduce 2(n−1), the others n−1, a send 1."""
     if kind == "send_recv":
         return 1
-    if group <= 1:
-        return 0
-    return 2 * (group - 1) if kind == "all_reduce" else group - 1
+    return cast(Int, where(group <= 1, 0, 2 * (group - 1) if kind == "all_reduce" else group - 1))
+
+
+Link = tuple[Num, Num, Num]
+"""(bandwidth_bytes_per_s, latency_s, efficiency) of one network level, floats or arrays."""
+
+
+def flat_time_s(kind: CollectiveKind, n_bytes: Num, group: Int, link: Link) -> Num:
+    """One-level collective: ``steps·α + bus_factor·n_bytes / (β·efficiency)``; 0 when nothing moves.
+
+    Over ``Num``: the estimate calls it on floats, the planner on candidate arrays."""
+    bw, lat, eff = link
+    volume = bus_factor(kind, group) * n_bytes
+    return where(volume == 0.0, 0.0, _steps(kind, group) * lat + volume / (bw * eff))
+
+
+def collective_time_s(
+    kind: CollectiveKind, n_bytes: Num, group: Int, n_local: Int, up: Link, out: Link
+) -> Num:
+    """A collective over ``group`` ranks, ``n_local`` of them in each scale-up domain (the two-level
+    formulas of :func:`hierarchical_s`, which documents them), over ``Num``.
+
+    ``out`` may be any link when the group stays in one domain (``n_local == group``): no term
+    reads it then. 0 for a group of one rank or an empty buffer.
+    """
+    n_l = n_local
+    n_o = ceil_div(group, n_l)
+    inside = n_o == 1
+    one: Link = (where(inside, up[0], out[0]), where(inside, up[1], out[1]), where(inside, up[2], out[2]))
+    if kind == "send_recv":
+        t = one[1] + n_bytes / (one[0] * one[2])
+    elif kind == "all_to_all":
+        flat = flat_time_s(kind, n_bytes, group, one)
+        g = as_float(group)
+        intra = (n_l - 1) / g * n_bytes / (up[0] * up[2])
+        inter = (group - n_l) / g * n_bytes / (out[0] * out[2])
+        two = maximum(intra, inter) + (n_l - 1) * up[1] + (group - n_l) * out[1]
+        t = where(inside | (n_l == 1), flat, two)
+    else:
+        shard = n_bytes / n_l
+        if kind == "all_reduce":
+            t = (
+                flat_time_s("reduce_scatter", n_bytes, n_l, up)
+                + flat_time_s("all_reduce", shard, n_o, out)
+                + flat_time_s("all_gather", n_bytes, n_l, up)
+            )
+        else:
+            # NCCL runs all-gather and reduce-scatter as one ring through every rank: its n−1
+            # steps are (n − n_o) hops inside a domain and (n_o − 1) hops between domains
+            # (NVIDIA/nccl ``src/graph/tuning.cc``, ``nInterSteps``), i.e. (n_l − 1)(n_o − 1) more
+            # scale-up steps than the two phases count.
+            ring_extra_s = (n_l - 1) * (n_o - 1) * up[1]
+            if kind == "reduce_scatter":
+                t = flat_time_s(kind, n_bytes, n_l, up) + flat_time_s(kind, shard, n_o, out) + ring_extra_s
+            else:
+                t = flat_time_s(kind, shard, n_o, out) + flat_time_s(kind, n_bytes, n_l, up) + ring_extra_s
+    return where((group <= 1) | (n_bytes == 0.0), 0.0, t)
 
 
 def _flat_s(
@@ -121,10 +177,7 @@ def _flat_s(
     efficiency: float,
 ) -> float:
     _check(n_bytes, group, bandwidth_bytes_per_s, latency_s, efficiency)
-    volume = bus_factor(kind, group) * n_bytes
-    if volume == 0.0:
-        return 0.0
-    return _steps(kind, group) * latency_s + volume / (bandwidth_bytes_per_s * efficiency)
+    return float(flat_time_s(kind, n_bytes, group, (bandwidth_bytes_per_s, latency_s, efficiency)))
 
 
 def all_reduce_s(
@@ -214,43 +267,19 @@ def hierarchical_s(
 
     ``n_local == group`` reduces to the flat scale-up formulas, ``n_local == 1`` to flat scale-out.
     """
-    n_l, n_o = _split_levels(group, n_local)
+    n_l, _ = _split_levels(group, n_local)
     up, out = scale_up, scale_out
-    if kind == "send_recv":
-        level = up if n_o == 1 else out
-        return send_recv_s(n_bytes, level.bandwidth_bytes_per_s, level.latency_s, efficiency=level.efficiency)
-    if kind == "all_to_all":
-        if n_o == 1 or n_l == 1:
-            level = up if n_o == 1 else out
-            return all_to_all_s(
-                n_bytes, group, level.bandwidth_bytes_per_s, level.latency_s, efficiency=level.efficiency
-            )
-        _check(n_bytes, group, up.bandwidth_bytes_per_s, up.latency_s, up.efficiency)
-        intra = (n_l - 1) / group * n_bytes / (up.bandwidth_bytes_per_s * up.efficiency)
-        inter = (group - n_l) / group * n_bytes / (out.bandwidth_bytes_per_s * out.efficiency)
-        return max(intra, inter) + (n_l - 1) * up.latency_s + (group - n_l) * out.latency_s
-
-    def flat(k: CollectiveKind, nb: float, n: int, lv: LinkLevel) -> float:
-        return _flat_s(k, nb, n, lv.bandwidth_bytes_per_s, lv.latency_s, lv.efficiency)
-
-    shard = n_bytes / n_l
-    if kind in ("reduce_scatter", "all_gather") and n_bytes > 0:
-        # NCCL runs all-gather and reduce-scatter as one ring through every rank: its n−1 steps are
-        # (n − n_o) hops inside a domain and (n_o − 1) hops between domains (NVIDIA/nccl
-        # ``src/graph/tuning.cc``, ``nInterSteps``), i.e. (n_l − 1)(n_o − 1) more scale-up steps
-        # than the two phases below count.
-        ring_extra_s = (n_l - 1) * (n_o - 1) * up.latency_s
-        if kind == "reduce_scatter":
-            return (
-                flat("reduce_scatter", n_bytes, n_l, up)
-                + flat("reduce_scatter", shard, n_o, out)
-                + ring_extra_s
-            )
-        return flat("all_gather", shard, n_o, out) + flat("all_gather", n_bytes, n_l, up) + ring_extra_s
-    return (
-        flat("reduce_scatter", n_bytes, n_l, up)
-        + flat("all_reduce", shard, n_o, out)
-        + flat("all_gather", n_bytes, n_l, up)
+    for level in (up, out):
+        _check(n_bytes, group, level.bandwidth_bytes_per_s, level.latency_s, level.efficiency)
+    return float(
+        collective_time_s(
+            kind,
+            n_bytes,
+            group,
+            n_l,
+            (up.bandwidth_bytes_per_s, up.latency_s, up.efficiency),
+            (out.bandwidth_bytes_per_s, out.latency_s, out.efficiency),
+        )
     )
 
 
@@ -305,6 +334,13 @@ class GroupPlacement:
         return self.domains > 1
 
 
+def ranks_per_domain(size: Int, stride: Int, domain_size: Int) -> Int:
+    """How many of the ranks ``0, stride, …, (size − 1)·stride`` lie in the first domain of
+    ``domain_size`` consecutive ranks: ``min(size, ⌈domain_size / stride⌉)`` (1 when the stride
+    reaches past the domain). Over ``Num``."""
+    return cast(Int, minimum(size, ceil_div(domain_size, stride)))
+
+
 def place_group(name: str, size: int, stride: int, domain_size: int) -> GroupPlacement:
     """Placement of a group of ``size`` ranks ``r0, r0+stride, …`` on domains of ``domain_size`` ranks.
 
@@ -316,12 +352,7 @@ def place_group(name: str, size: int, stride: int, domain_size: int) -> GroupPla
         raise TrainplanError(
             "group", f"size, stride and domain size must be positive ({size}, {stride}, {domain_size})"
         )
-    if stride >= domain_size:
-        local = 1
-    elif domain_size % stride == 0:
-        local = min(size, domain_size // stride)
-    else:
-        local = sum(1 for j in range(size) if j * stride < domain_size)
+    local = int(ranks_per_domain(size, stride, domain_size))
     domains = math.ceil(size / local)
     level: Level
     if size == 1:
@@ -387,16 +418,24 @@ def group_placement(layout: Layout, system: Any) -> dict[str, GroupPlacement]:
             f"devices but the system has {devices}",
         )
     d = domain_size(system)
-    tp, cp, dp, ep = layout.tp, layout.cp, layout.dp, layout.ep
+    shapes = group_shapes(layout.tp, layout.cp, layout.dp, layout.ep, layout.pp)
+    return {name: place_group(name, int(size), int(stride), d) for name, (size, stride) in shapes.items()}
+
+
+def group_shapes(tp: Int, cp: Int, dp: Int, ep: Int, pp: Int) -> dict[str, tuple[Int, Int]]:
+    """(size, stride) of every parallel group in Megatron-LM's rank order ``tp-cp-ep-dp-pp``
+    (module docstring), over ``Num``: ``tp`` (stride 1), ``cp`` (stride tp), ``dp`` (stride
+    tp·cp), ``shard`` (the ZeRO/FSDP group dp·cp, stride tp), ``ep`` (stride tp), ``expert_dp``
+    (dp·cp/ep, stride tp·ep), ``pp`` (stride tp·cp·dp)."""
     shard = dp * cp
     return {
-        "tp": place_group("tp", tp, 1, d),
-        "cp": place_group("cp", cp, tp, d),
-        "dp": place_group("dp", dp, tp * cp, d),
-        "shard": place_group("shard", shard, tp, d),
-        "ep": place_group("ep", ep, tp, d),
-        "expert_dp": place_group("expert_dp", shard // ep, tp * ep, d),
-        "pp": place_group("pp", layout.pp, tp * cp * dp, d),
+        "tp": (tp, 1),
+        "cp": (cp, tp),
+        "dp": (dp, tp * cp),
+        "shard": (shard, tp),
+        "ep": (ep, tp),
+        "expert_dp": (shard // ep, tp * ep),
+        "pp": (pp, tp * cp * dp),
     }
 
 
@@ -490,36 +529,69 @@ class Collective:
     time_s: float
     overlappable_with: Overlap
     source: str
+    phase: Phase | None = None
 
 
-def _collective(
-    name: str,
-    kind: CollectiveKind,
-    placement: GroupPlacement,
-    buffer_bytes: float,
-    calls: float,
-    network: Network,
-    overlap: Overlap,
-    source: str,
-    extra_per_call_s: float = 0.0,
-) -> Collective:
-    per_call = network.time_s(kind, buffer_bytes, placement)
-    if per_call > 0:
-        per_call += extra_per_call_s
-    sends = bus_factor(kind, placement.size) if placement.size > 1 else 0.0
-    return Collective(
-        name=name,
-        kind=kind,
-        group=placement.name,
-        group_size=placement.size,
-        level=placement.level,
-        buffer_bytes=buffer_bytes,
-        calls=calls,
-        wire_bytes=sends * buffer_bytes * calls,
-        time_s=per_call * calls,
-        overlappable_with=overlap,
-        source=source,
-    )
+Phase = Literal["forward", "backward", "recompute"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Traffic:
+    """One recurring collective of a step, declared once over ``Num`` (a float for one estimate, an
+    array for many planner candidates): what it moves and how often, not yet how long it takes.
+
+    ``group``: the parallel group it runs on (a key of :func:`group_placement`); ``phase``: the
+    pass it belongs to (tensor / expert / context parallelism); ``calls`` is 0 where the layout or
+    recipe does not issue it; ``copies_per_call_s``: host-side per-call cost added to a non-zero
+    per-call time (list-based collectives). :func:`timed_collectives` turns it into a
+    :class:`Collective` on one network; the planner times it per candidate array.
+    """
+
+    name: str
+    kind: CollectiveKind
+    group: str
+    overlap: Overlap
+    source: str
+    buffer_bytes: Num
+    calls: Num
+    copies_per_call_s: Num = 0.0
+    phase: Phase | None = None
+
+
+def traffic_time_s(t: Traffic, per_call_s: Num) -> Num:
+    """Seconds per step of ``t`` given the network time of one call (0 stays 0)."""
+    return where(per_call_s > 0.0, per_call_s + t.copies_per_call_s, 0.0) * t.calls
+
+
+def timed_collectives(
+    traffic: tuple[Traffic, ...], network: Network, placements: Mapping[str, GroupPlacement]
+) -> tuple[Collective, ...]:
+    """The traffic a scalar layout issues (calls > 0 on a group of more than one rank), timed."""
+    out: list[Collective] = []
+    for t in traffic:
+        pl = placements[t.group]
+        calls = float(t.calls)
+        if calls <= 0 or pl.size <= 1:
+            continue
+        buffer = float(t.buffer_bytes)
+        per_call = network.time_s(t.kind, buffer, pl)
+        out.append(
+            Collective(
+                name=t.name,
+                kind=t.kind,
+                group=pl.name,
+                group_size=pl.size,
+                level=pl.level,
+                buffer_bytes=buffer,
+                calls=calls,
+                wire_bytes=float(bus_factor(t.kind, pl.size)) * buffer * calls,
+                time_s=float(traffic_time_s(t, per_call)),
+                overlappable_with=t.overlap,
+                source=t.source,
+                phase=t.phase,
+            )
+        )
+    return tuple(out)
 
 
 _ZERO_SRC = "Rajbhandari et al. 2020 (ZeRO), Sec. 7: DDP/ZeRO-1/2 move 2Ψ per step, ZeRO-3 3Ψ"
@@ -539,20 +611,20 @@ _PER_PARAMETER_SRC = (
 LIST_COLLECTIVE_COPY_S: Final = 3.8e-6
 
 
-def data_parallel_collectives(
+def data_parallel_traffic(
     *,
-    zero: int,
-    param_bytes: float,
-    grad_bytes: float,
-    micro_batches: int,
-    shard: GroupPlacement,
-    network: Network,
+    zero: Int,
+    param_bytes: Num,
+    grad_bytes: Num,
+    micro_batches: Int,
+    shard_size: Int,
+    group: str = "shard",
     prefix: str = "dp",
     overlap_param_gather: bool = False,
-    gather_units: int = 1,
+    gather_units: Int = 1,
     granularity: str = "block",
-    regather_for_recompute: bool = False,
-) -> tuple[Collective, ...]:
+    regather_for_recompute: Bool = False,
+) -> tuple[Traffic, ...]:
     """Gradient / parameter traffic of data parallelism on one device per step.
 
     ``param_bytes``: the device's (tp/pp/ep-sharded but not ZeRO-sharded) weights in their storage
@@ -579,91 +651,165 @@ def data_parallel_collectives(
         each list-based call adds n · :data:`LIST_COLLECTIVE_COPY_S` of per-rank copies. The
         gradient reduce-scatters run on a side stream behind the backward.
     """
-    if shard.size <= 1:
-        return ()
     m = micro_batches
-    if zero == 0:
-        return (
-            _collective(
-                f"{prefix}_grad_all_reduce",
-                "all_reduce",
-                shard,
-                grad_bytes,
-                1,
-                network,
-                "backward",
-                _ZERO_SRC,
-            ),
-        )
-    gather_overlap: Overlap = "forward" if overlap_param_gather else "none"
-    if zero in (1, 2):
-        rs_calls = 1 if zero == 1 else m
-        return (
-            _collective(
-                f"{prefix}_grad_reduce_scatter",
-                "reduce_scatter",
-                shard,
-                grad_bytes,
-                rs_calls,
-                network,
-                "backward",
-                _ZERO_SRC,
-            ),
-            _collective(
-                f"{prefix}_param_all_gather",
-                "all_gather",
-                shard,
-                param_bytes,
-                1,
-                network,
-                gather_overlap,
-                _ZERO_SRC,
-            ),
-        )
-    if gather_units < 1:
-        raise TrainplanError("gather_units", f"must be a positive integer, got {gather_units}")
     u = gather_units
     per_param = granularity == "parameter"
-    src = _PER_PARAMETER_SRC if per_param else _ZERO_SRC
-    copies_s = shard.size * LIST_COLLECTIVE_COPY_S if per_param else 0.0
-    gathers: list[tuple[str, Overlap]] = [("forward", "none" if per_param else "forward")]
-    if per_param and regather_for_recompute:
-        gathers.append(("recompute", "none"))
-    gathers.append(("backward", "none" if per_param else "backward"))
-    out = [
-        _collective(
-            f"{prefix}_fsdp_{phase}_all_gather",
-            "all_gather",
-            shard,
-            param_bytes / u,
-            m * u,
-            network,
-            overlap,
-            src,
-            copies_s,
+    z12 = (zero == 1) | (zero == 2)
+    z3 = zero == 3
+    src3 = _PER_PARAMETER_SRC if per_param else _ZERO_SRC
+    copies_s = shard_size * LIST_COLLECTIVE_COPY_S if per_param else 0.0
+    calls3 = where(z3, m * u, 0)
+
+    def gather3(phase: str, overlap: Overlap, calls: Num) -> Traffic:
+        return Traffic(
+            name=f"{prefix}_fsdp_{phase}_all_gather",
+            kind="all_gather",
+            group=group,
+            overlap=overlap,
+            source=src3,
+            buffer_bytes=param_bytes / u,
+            calls=calls,
+            copies_per_call_s=copies_s,
         )
-        for phase, overlap in gathers
-    ]
-    out.append(
-        _collective(
-            f"{prefix}_fsdp_grad_reduce_scatter",
-            "reduce_scatter",
-            shard,
-            grad_bytes / u,
-            m * u,
-            network,
-            "backward",
-            src,
-            copies_s,
-        )
+
+    return (
+        Traffic(
+            name=f"{prefix}_grad_all_reduce",
+            kind="all_reduce",
+            group=group,
+            overlap="backward",
+            source=_ZERO_SRC,
+            buffer_bytes=grad_bytes,
+            calls=where(zero == 0, 1, 0),
+        ),
+        Traffic(
+            name=f"{prefix}_grad_reduce_scatter",
+            kind="reduce_scatter",
+            group=group,
+            overlap="backward",
+            source=_ZERO_SRC,
+            buffer_bytes=grad_bytes,
+            calls=where(zero == 1, 1, where(zero == 2, m, 0)),
+        ),
+        Traffic(
+            name=f"{prefix}_param_all_gather",
+            kind="all_gather",
+            group=group,
+            overlap="forward" if overlap_param_gather else "none",
+            source=_ZERO_SRC,
+            buffer_bytes=param_bytes,
+            calls=where(z12, 1, 0),
+        ),
+        gather3("forward", "none" if per_param else "forward", calls3),
+        gather3("recompute", "none", where(regather_for_recompute, calls3, 0) if per_param else 0),
+        gather3("backward", "none" if per_param else "backward", calls3),
+        Traffic(
+            name=f"{prefix}_fsdp_grad_reduce_scatter",
+            kind="reduce_scatter",
+            group=group,
+            overlap="backward",
+            source=src3,
+            buffer_bytes=grad_bytes / u,
+            calls=calls3,
+            copies_per_call_s=copies_s,
+        ),
     )
-    return tuple(out)
+
+
+def data_parallel_collectives(
+    *,
+    zero: int,
+    param_bytes: float,
+    grad_bytes: float,
+    micro_batches: int,
+    shard: GroupPlacement,
+    network: Network,
+    prefix: str = "dp",
+    overlap_param_gather: bool = False,
+    gather_units: int = 1,
+    granularity: str = "block",
+    regather_for_recompute: bool = False,
+) -> tuple[Collective, ...]:
+    """:func:`data_parallel_traffic` of one layout, timed on ``network`` over the ``shard`` group."""
+    if gather_units < 1:
+        raise TrainplanError("gather_units", f"must be a positive integer, got {gather_units}")
+    traffic = data_parallel_traffic(
+        zero=zero,
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+        micro_batches=micro_batches,
+        shard_size=shard.size,
+        prefix=prefix,
+        overlap_param_gather=overlap_param_gather,
+        gather_units=gather_units,
+        granularity=granularity,
+        regather_for_recompute=regather_for_recompute,
+    )
+    return timed_collectives(traffic, network, {"shard": shard})
 
 
 _TP_SRC = (
     "Shoeybi et al. 2019 (Megatron-LM), Sec. 3: 2 all-reduces per layer forward, 2 backward; "
     "Korthikanti et al. 2022, Sec. 4.2.2: with SP each becomes all-gather + reduce-scatter, same volume"
 )
+_TP_REGATHER_SRC = _TP_SRC + "; Korthikanti et al. 2022 Sec. 4.2.2 (backward re-gather)"
+
+
+def tensor_parallel_traffic(
+    *,
+    activation_bytes: Num,
+    layers: Int,
+    micro_batches: Int,
+    sequence_parallel: Bool,
+    recompute_full: Bool,
+    overlap: Overlap = "none",
+    recompute_skipped_reductions: Int = 0,
+) -> tuple[Traffic, ...]:
+    """Tensor-parallel activation collectives of the layers on one device per step.
+
+    ``activation_bytes`` = b·(s/cp)·h·e, the full layer activation of one micro-batch. Each layer
+    has two TP regions (attention, MLP): forward ends each with an all-reduce (``g``), backward
+    starts each with one (``f``), so 2 + 2 per layer; with sequence parallelism the forward pair
+    becomes all-gather (entering the region) + reduce-scatter (leaving it), and backward the mirror,
+    with the same bandwidth (AR = RS + AG). Full recompute re-runs the forward collectives, less
+    the closing reduction of the ``recompute_skipped_reductions`` layers whose recompute stops
+    before it (PyTorch's early stop: :func:`recompute_skipped_tp_reductions`); selective
+    recompute of the attention core needs none. Not overlapped by default (Megatron's TP comm sits
+    on the critical path unless ``--tp-comm-overlap``). Omitted: the vocab-parallel embedding
+    all-reduce and the cross-entropy reductions (one b·s·h and a few b·s per micro-batch).
+
+    The all-gathered input of the two column-parallel linears is not saved (only the sequence
+    shard is): backward gathers it again for the weight gradients (Korthikanti et al. 2022 Sec.
+    4.2.2). Megatron issues it asynchronously beside the input-gradient GEMM, yet their Table 4
+    shows sequence parallelism saving 0.5 ms of a 7.7 ms forward but only 0.1 ms of an 11.9 ms
+    backward: the re-gather is paid.
+    """
+    per_pass = 2 * layers * micro_batches
+    sp = sequence_parallel
+    out: list[Traffic] = []
+    for phase in ("forward", "backward", "recompute"):
+        ph: Phase = phase
+        on: Bool = recompute_full if phase == "recompute" else True
+        closing = per_pass - (recompute_skipped_reductions * micro_batches if phase == "recompute" else 0)
+
+        def tp(name: str, kind: CollectiveKind, calls: Num, src: str = _TP_SRC, ph: Phase = ph) -> Traffic:
+            return Traffic(
+                name=f"tp_{name}",
+                kind=kind,
+                group="tp",
+                overlap=overlap,
+                source=src,
+                buffer_bytes=activation_bytes,
+                calls=calls,
+                phase=ph,
+            )
+
+        out.append(tp(f"{phase}_all_gather", "all_gather", where(on & sp, per_pass, 0)))
+        out.append(tp(f"{phase}_reduce_scatter", "reduce_scatter", where(on & sp, closing, 0)))
+        if phase == "backward":
+            out.append(tp("backward_input_regather", "all_gather", where(sp, per_pass, 0), _TP_REGATHER_SRC))
+        out.append(tp(f"{phase}_all_reduce", "all_reduce", where(on & logical_not(sp), closing, 0)))
+    return tuple(out)
 
 
 def tensor_parallel_collectives(
@@ -678,85 +824,17 @@ def tensor_parallel_collectives(
     overlap: Overlap = "none",
     recompute_skipped_reductions: int = 0,
 ) -> tuple[Collective, ...]:
-    """Tensor-parallel activation collectives of the layers on one device per step.
-
-    ``activation_bytes`` = b·(s/cp)·h·e, the full layer activation of one micro-batch. Each layer
-    has two TP regions (attention, MLP): forward ends each with an all-reduce (``g``), backward
-    starts each with one (``f``), so 2 + 2 per layer; with sequence parallelism the forward pair
-    becomes all-gather (entering the region) + reduce-scatter (leaving it), and backward the mirror,
-    with the same bandwidth (AR = RS + AG). Full recompute re-runs the forward collectives, less
-    the closing reduction of the ``recompute_skipped_reductions`` layers whose recompute stops
-    before it (PyTorch's early stop: :func:`recompute_skipped_tp_reductions`); selective
-    recompute of the attention core needs none. Not overlapped by default (Megatron's TP comm sits
-    on the critical path unless ``--tp-comm-overlap``). Omitted: the vocab-parallel embedding
-    all-reduce and the cross-entropy reductions (one b·s·h and a few b·s per micro-batch).
-    """
-    if tp.size <= 1 or layers == 0:
-        return ()
-    per_pass = 2 * layers * micro_batches
-    passes: list[tuple[str, Overlap]] = [("forward", overlap), ("backward", overlap)]
-    if recompute == "full":
-        passes.append(("recompute", overlap))
-    out: list[Collective] = []
-    for name, ov in passes:
-        closing = per_pass - (recompute_skipped_reductions * micro_batches if name == "recompute" else 0)
-        if sequence_parallel:
-            out.append(
-                _collective(
-                    f"tp_{name}_all_gather",
-                    "all_gather",
-                    tp,
-                    activation_bytes,
-                    per_pass,
-                    network,
-                    ov,
-                    _TP_SRC,
-                )
-            )
-            out.append(
-                _collective(
-                    f"tp_{name}_reduce_scatter",
-                    "reduce_scatter",
-                    tp,
-                    activation_bytes,
-                    closing,
-                    network,
-                    ov,
-                    _TP_SRC,
-                )
-            )
-            if name == "backward":
-                # The all-gathered input of the two column-parallel linears is not saved (only the
-                # sequence shard is); backward gathers it again for the weight gradients
-                # (Korthikanti et al. 2022 Sec. 4.2.2). Megatron issues it asynchronously beside the
-                # input-gradient GEMM, yet their Table 4 shows sequence parallelism saving 0.5 ms of
-                # a 7.7 ms forward but only 0.1 ms of an 11.9 ms backward: the re-gather is paid.
-                out.append(
-                    _collective(
-                        "tp_backward_input_regather",
-                        "all_gather",
-                        tp,
-                        activation_bytes,
-                        per_pass,
-                        network,
-                        ov,
-                        _TP_SRC + "; Korthikanti et al. 2022 Sec. 4.2.2 (backward re-gather)",
-                    )
-                )
-        else:
-            out.append(
-                _collective(
-                    f"tp_{name}_all_reduce",
-                    "all_reduce",
-                    tp,
-                    activation_bytes,
-                    closing,
-                    network,
-                    ov,
-                    _TP_SRC,
-                )
-            )
-    return tuple(out)
+    """:func:`tensor_parallel_traffic` of one layout, timed on ``network`` over the ``tp`` group."""
+    traffic = tensor_parallel_traffic(
+        activation_bytes=activation_bytes,
+        layers=layers,
+        micro_batches=micro_batches,
+        sequence_parallel=sequence_parallel,
+        recompute_full=recompute == "full",
+        overlap=overlap,
+        recompute_skipped_reductions=recompute_skipped_reductions,
+    )
+    return timed_collectives(traffic, network, {"tp": tp})
 
 
 def recompute_skipped_tp_reductions(spec: ModelSpec, recipe: Recipe, layers: int) -> int:
@@ -787,6 +865,30 @@ _PP_SRC = (
 )
 
 
+def pipeline_traffic(
+    *, activation_bytes: Num, tp_size: Int, micro_batches: Int, virtual_stages: Int
+) -> tuple[Traffic, ...]:
+    """Pipeline send/recv of one device per step.
+
+    Each micro-batch leaves a stage once forward (activations) and once backward (gradients);
+    with ``virtual_stages`` v the device runs v chunks, so 2·v·m sends of
+    ``activation_bytes / tp`` (b·(s/cp)·h·e split by the scatter/gather optimisation, which SP
+    gives for free). Neighbour stages sit on different domains once pp spans domains, so the send
+    uses the level of the slowest hop. Exposed (on the 1F1B critical path); it is small.
+    """
+    return (
+        Traffic(
+            name="pp_send_recv",
+            kind="send_recv",
+            group="pp",
+            overlap="none",
+            source=_PP_SRC,
+            buffer_bytes=activation_bytes / tp_size,
+            calls=2 * virtual_stages * micro_batches,
+        ),
+    )
+
+
 def pipeline_collectives(
     *,
     activation_bytes: float,
@@ -796,28 +898,46 @@ def pipeline_collectives(
     pp: GroupPlacement,
     network: Network,
 ) -> tuple[Collective, ...]:
-    """Pipeline send/recv of one device per step.
-
-    Each micro-batch leaves a stage once forward (activations) and once backward (gradients);
-    with ``virtual_stages`` v the device runs v chunks, so 2·v·m sends of
-    ``activation_bytes / tp`` (b·(s/cp)·h·e split by the scatter/gather optimisation, which SP
-    gives for free). Neighbour stages sit on different domains once pp spans domains, so the send
-    uses the level of the slowest hop. Exposed (on the 1F1B critical path); it is small.
-    """
-    if pp.size <= 1:
-        return ()
-    calls = 2 * virtual_stages * micro_batches
-    return (
-        _collective(
-            "pp_send_recv", "send_recv", pp, activation_bytes / tp_size, calls, network, "none", _PP_SRC
-        ),
+    """:func:`pipeline_traffic` of one layout, timed on ``network`` over the ``pp`` group."""
+    traffic = pipeline_traffic(
+        activation_bytes=activation_bytes,
+        tp_size=tp_size,
+        micro_batches=micro_batches,
+        virtual_stages=virtual_stages,
     )
+    return timed_collectives(traffic, network, {"pp": pp})
 
 
 _EP_SRC = (
     "Lepikhin et al. 2020 (GShard) and Fedus et al. 2021 (Switch), Sec. 2.2: dispatch and combine all-to-all of "
     "the routed tokens per MoE layer, forward and backward"
 )
+
+
+def expert_parallel_traffic(
+    *, routed_bytes: Num, moe_layers: Int, micro_batches: Int, recompute_full: Bool
+) -> tuple[Traffic, ...]:
+    """Expert-parallel all-to-alls of one device per step.
+
+    ``routed_bytes`` = local tokens · K · h · e · capacity factor: each token goes to K experts
+    (dispatch) and comes back (combine). Per MoE layer per micro-batch: 2 all-to-alls forward,
+    2 backward, 2 more with full recompute. Not overlapped by default (DualPipe-style schedules
+    hide them; DeepSeek-V3 report, Sec. 3.2.1).
+    """
+    calls = 2 * moe_layers * micro_batches
+    return tuple(
+        Traffic(
+            name=f"ep_{phase}_all_to_all",
+            kind="all_to_all",
+            group="ep",
+            overlap="none",
+            source=_EP_SRC,
+            buffer_bytes=routed_bytes,
+            calls=where(recompute_full, calls, 0) if phase == "recompute" else calls,
+            phase=phase,
+        )
+        for phase in ("forward", "backward", "recompute")
+    )
 
 
 def expert_parallel_collectives(
@@ -829,27 +949,51 @@ def expert_parallel_collectives(
     ep: GroupPlacement,
     network: Network,
 ) -> tuple[Collective, ...]:
-    """Expert-parallel all-to-alls of one device per step.
-
-    ``routed_bytes`` = local tokens · K · h · e · capacity factor: each token goes to K experts
-    (dispatch) and comes back (combine). Per MoE layer per micro-batch: 2 all-to-alls forward,
-    2 backward, 2 more with full recompute. Not overlapped by default (DualPipe-style schedules
-    hide them; DeepSeek-V3 report, Sec. 3.2.1).
-    """
-    if ep.size <= 1 or moe_layers == 0:
-        return ()
-    calls = 2 * moe_layers * micro_batches
-    passes = ["forward", "backward"] + (["recompute"] if recompute == "full" else [])
-    return tuple(
-        _collective(f"ep_{p}_all_to_all", "all_to_all", ep, routed_bytes, calls, network, "none", _EP_SRC)
-        for p in passes
+    """:func:`expert_parallel_traffic` of one layout, timed on ``network`` over the ``ep`` group."""
+    traffic = expert_parallel_traffic(
+        routed_bytes=routed_bytes,
+        moe_layers=moe_layers,
+        micro_batches=micro_batches,
+        recompute_full=recompute == "full",
     )
+    return timed_collectives(traffic, network, {"ep": ep})
 
 
 _CP_SRC = (
     "Liu et al. 2023 (Ring Attention), Sec. 3: cp−1 ring steps per layer pass the local K,V block while the "
     "current block's attention is computed; backward also passes dK,dV (Megatron-LM context parallelism)"
 )
+
+
+def context_parallel_traffic(
+    *, kv_bytes: Num, cp_size: Int, layers: Int, micro_batches: Int, recompute_repeats_ring: Bool
+) -> tuple[Traffic, ...]:
+    """Ring-attention K/V exchange of one device per step.
+
+    ``kv_bytes`` = 2·b·(s/cp)·(k·d/tp)·e, the local K and V. Forward: cp−1 send/recv steps of it per
+    layer, overlappable with the attention of the block in hand; backward: cp−1 steps of K,V plus
+    dK,dV (2× the bytes); full and selective recompute repeat the forward ring
+    (``recompute_repeats_ring``), behind the backward's attention.
+    """
+    steps = (cp_size - 1) * layers * micro_batches
+
+    def ring(name: str, nbytes: Num, overlap: Overlap, phase: Phase, calls: Num) -> Traffic:
+        return Traffic(
+            name=name,
+            kind="send_recv",
+            group="cp",
+            overlap=overlap,
+            source=_CP_SRC,
+            buffer_bytes=nbytes,
+            calls=calls,
+            phase=phase,
+        )
+
+    return (
+        ring("cp_forward_kv", kv_bytes, "forward", "forward", steps),
+        ring("cp_backward_kv", 2 * kv_bytes, "backward", "backward", steps),
+        ring("cp_recompute_kv", kv_bytes, "backward", "recompute", where(recompute_repeats_ring, steps, 0)),
+    )
 
 
 def context_parallel_collectives(
@@ -861,24 +1005,15 @@ def context_parallel_collectives(
     cp: GroupPlacement,
     network: Network,
 ) -> tuple[Collective, ...]:
-    """Ring-attention K/V exchange of one device per step.
-
-    ``kv_bytes`` = 2·b·(s/cp)·(k·d/tp)·e, the local K and V. Forward: cp−1 send/recv steps of it per
-    layer, overlappable with the attention of the block in hand; backward: cp−1 steps of K,V plus
-    dK,dV (2× the bytes); full and selective recompute repeat the forward ring.
-    """
-    if cp.size <= 1 or layers == 0:
-        return ()
-    steps = (cp.size - 1) * layers * micro_batches
-    out = [
-        _collective("cp_forward_kv", "send_recv", cp, kv_bytes, steps, network, "forward", _CP_SRC),
-        _collective("cp_backward_kv", "send_recv", cp, 2 * kv_bytes, steps, network, "backward", _CP_SRC),
-    ]
-    if recompute in ("full", "selective"):
-        out.append(
-            _collective("cp_recompute_kv", "send_recv", cp, kv_bytes, steps, network, "backward", _CP_SRC)
-        )
-    return tuple(out)
+    """:func:`context_parallel_traffic` of one layout, timed on ``network`` over the ``cp`` group."""
+    traffic = context_parallel_traffic(
+        kv_bytes=kv_bytes,
+        cp_size=cp.size,
+        layers=layers,
+        micro_batches=micro_batches,
+        recompute_repeats_ring=recompute in ("full", "selective"),
+    )
+    return timed_collectives(traffic, network, {"cp": cp})
 
 
 def zero3_gather_units(spec: ModelSpec, layout: Layout) -> int:
@@ -889,13 +1024,125 @@ def zero3_gather_units(spec: ModelSpec, layout: Layout) -> int:
     tensor of the stage's layers plus the root's (:func:`trainplan.models.params.layer_parameter_tensors`),
     the busiest stage taken to hold the root.
     """
-    layers = math.ceil(spec.num_layers / layout.pp)
-    if layout.zero3_granularity == "block":
+    return int(gather_units(spec, math.ceil(spec.num_layers / layout.pp), layout.zero3_granularity))
+
+
+def gather_units(spec: ModelSpec, layers: Int, granularity: str) -> Int:
+    """:func:`zero3_gather_units` of a stage of ``layers`` layers (``Num``: one per candidate)."""
+    if granularity == "block":
         return layers + 1
     from trainplan.models.params import layer_parameter_tensors, root_parameter_tensors
 
     per_layer = max(layer_parameter_tensors(spec, i) for i in range(spec.num_layers))
     return layers * per_layer + root_parameter_tensors(spec)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrafficInputs:
+    """The numbers :func:`step_traffic` reads, floats for one layout or arrays for many.
+
+    Layout degrees and per-candidate choices are ``Num``; the model's dimensions and the options
+    the planner holds fixed for a whole search (``granularity``, ``overlap_param_gather``) are
+    plain values."""
+
+    tp: Int
+    pp: Int
+    cp: Int
+    ep: Int
+    dp: Int
+    zero: Int
+    micro_batches: Int
+    micro_batch: Int
+    sequence_parallel: Bool
+    recompute_full: Bool
+    recompute_repeats_ring: Bool  # full or selective: the context-parallel ring runs again
+    regather_for_recompute: Bool  # full or sac: per-parameter ZeRO-3 gathers run again
+    skipped_reductions: Int  # recompute_skipped_tp_reductions of the stage
+    virtual_stages: Int
+    weight_bytes: Num  # bytes per element of the weight dtype (gradients, activations)
+    stored_weight_bytes: Num  # bytes per stored weight element (QLoRA: NF4)
+    dense_params: Num
+    expert_params: Num
+    trainable_dense_params: Num
+    trainable_expert_params: Num
+    granularity: str = "block"
+    overlap_param_gather: bool = False
+    capacity_factor: float = 1.0
+
+
+def step_traffic(spec: ModelSpec, seq_len: int, x: TrafficInputs) -> tuple[Traffic, ...]:
+    """Every collective of one step on a device of the busiest pipeline stage, over ``Num``.
+
+    Parameter counts are whole-model numbers: dense (everything but routed experts) and routed
+    experts. Per device they divide by tp·pp (dense) and tp·pp·ep (experts; expert tensor
+    parallelism = tp). Weights travel in their storage dtype (QLoRA: NF4, 0.5 B), gradients in the
+    weight dtype of the trained parameters. Layers per stage = ⌈L/pp⌉ (the busiest stage).
+    """
+    tp, pp, cp, ep = x.tp, x.pp, x.cp, x.ep
+    e, w = x.weight_bytes, x.stored_weight_bytes
+    m = x.micro_batches
+    layers = ceil_div(spec.num_layers, pp)
+    units = gather_units(spec, layers, x.granularity)
+    shard = x.dp * cp
+    tpp = as_float(tp * pp)
+    out: list[Traffic] = []
+    out += data_parallel_traffic(
+        zero=x.zero,
+        param_bytes=x.dense_params / tpp * w,
+        grad_bytes=x.trainable_dense_params / tpp * e,
+        micro_batches=m,
+        shard_size=shard,
+        overlap_param_gather=x.overlap_param_gather,
+        gather_units=units,
+        granularity=x.granularity,
+        regather_for_recompute=x.regather_for_recompute,
+    )
+    if spec.moe is not None:
+        tppe = as_float(tp * pp * ep)
+        out += data_parallel_traffic(
+            zero=x.zero,
+            param_bytes=x.expert_params / tppe * w,
+            grad_bytes=x.trainable_expert_params / tppe * e,
+            micro_batches=m,
+            shard_size=shard // ep,
+            group="expert_dp",
+            prefix="expert_dp",
+            overlap_param_gather=x.overlap_param_gather,
+            gather_units=units,
+            granularity=x.granularity,
+            regather_for_recompute=x.regather_for_recompute,
+        )
+    b, s, h = x.micro_batch, float(seq_len), float(spec.hidden_size)
+    act = b * (s / cp) * h * e
+    out += tensor_parallel_traffic(
+        activation_bytes=act,
+        layers=layers,
+        micro_batches=m,
+        sequence_parallel=x.sequence_parallel,
+        recompute_full=x.recompute_full,
+        recompute_skipped_reductions=x.skipped_reductions,
+    )
+    out += pipeline_traffic(
+        activation_bytes=act, tp_size=tp, micro_batches=m, virtual_stages=x.virtual_stages
+    )
+    if spec.moe is not None:
+        moe_layers = ceil_div(spec.num_moe_layers, pp)
+        local_tokens = b * s / cp / where(x.sequence_parallel, tp, 1)
+        out += expert_parallel_traffic(
+            routed_bytes=local_tokens * spec.moe.top_k * h * e * x.capacity_factor,
+            moe_layers=moe_layers,
+            micro_batches=m,
+            recompute_full=x.recompute_full,
+        )
+    kv_heads_local = maximum(spec.num_kv_heads / as_float(tp), 1.0)
+    out += context_parallel_traffic(
+        kv_bytes=2 * b * (s / cp) * kv_heads_local * spec.head_dim * e,
+        cp_size=cp,
+        layers=layers,
+        micro_batches=m,
+        recompute_repeats_ring=x.recompute_repeats_ring,
+    )
+    return tuple(out)
 
 
 def step_collectives(
@@ -913,93 +1160,41 @@ def step_collectives(
     capacity_factor: float = 1.0,
     overlap_param_gather: bool = False,
 ) -> tuple[Collective, ...]:
-    """Every collective of one step on a device of the busiest pipeline stage.
-
-    Parameter counts are whole-model numbers (from the parameter-count module): ``dense_params``
-    (everything but routed experts) and ``expert_params`` (routed experts). Per device they divide
-    by tp·pp (dense) and tp·pp·ep (experts; expert tensor parallelism = tp). Trainable counts
-    default to the full counts (PEFT: pass the adapter counts). Weights travel in the recipe's
-    weight dtype (QLoRA: NF4, 0.5 B), gradients in the weight dtype of the trained parameters.
-    Layers per stage = ⌈L/pp⌉ (the busiest stage).
-    """
-    tp, pp, cp = layout.tp, layout.pp, layout.cp
+    """Every collective of one step on a device of the busiest pipeline stage (:func:`step_traffic`
+    of the layout, timed on ``network``). Trainable counts default to the full counts (PEFT: pass
+    the adapter counts)."""
     e = BYTES_PER_ELEMENT[recipe.weight_dtype]
-    w = BYTES_PER_ELEMENT["nf4"] if recipe.method == "qlora" else e
-    t_dense = dense_params if trainable_dense_params is None else trainable_dense_params
-    t_expert = expert_params if trainable_expert_params is None else trainable_expert_params
-    out: list[Collective] = []
-    units = zero3_gather_units(spec, layout)
-    granularity = layout.zero3_granularity
-    # A recomputation re-runs the modules' forward hooks, which gather per-parameter ZeRO-3
-    # weights again: full recompute, and per-op selective checkpointing (sac), whose cached matmuls
-    # skip the arithmetic but not the modules' forward.
-    regather = recipe.recompute in ("full", "sac")
-    out += data_parallel_collectives(
-        zero=layout.zero,
-        param_bytes=dense_params / (tp * pp) * w,
-        grad_bytes=t_dense / (tp * pp) * e,
-        micro_batches=micro_batches,
-        shard=placements["shard"],
-        network=network,
-        overlap_param_gather=overlap_param_gather,
-        gather_units=units,
-        granularity=granularity,
-        regather_for_recompute=regather,
-    )
-    if expert_params:
-        out += data_parallel_collectives(
+    traffic = step_traffic(
+        spec,
+        recipe.seq_len,
+        TrafficInputs(
+            tp=layout.tp,
+            pp=layout.pp,
+            cp=layout.cp,
+            ep=layout.ep,
+            dp=layout.dp,
             zero=layout.zero,
-            param_bytes=expert_params / (tp * pp * layout.ep) * w,
-            grad_bytes=t_expert / (tp * pp * layout.ep) * e,
             micro_batches=micro_batches,
-            shard=placements["expert_dp"],
-            network=network,
-            prefix="expert_dp",
+            micro_batch=recipe.micro_batch,
+            sequence_parallel=layout.sequence_parallel,
+            recompute_full=recipe.recompute == "full",
+            recompute_repeats_ring=recipe.recompute in ("full", "selective"),
+            regather_for_recompute=recipe.recompute in ("full", "sac"),
+            skipped_reductions=recompute_skipped_tp_reductions(
+                spec, recipe, math.ceil(spec.num_layers / layout.pp)
+            ),
+            virtual_stages=layout.virtual_stages,
+            weight_bytes=e,
+            stored_weight_bytes=BYTES_PER_ELEMENT["nf4"] if recipe.method == "qlora" else e,
+            dense_params=dense_params,
+            expert_params=expert_params,
+            trainable_dense_params=dense_params if trainable_dense_params is None else trainable_dense_params,
+            trainable_expert_params=expert_params
+            if trainable_expert_params is None
+            else trainable_expert_params,
+            granularity=layout.zero3_granularity,
             overlap_param_gather=overlap_param_gather,
-            gather_units=units,
-            granularity=granularity,
-            regather_for_recompute=regather,
-        )
-    b, s, h = recipe.micro_batch, recipe.seq_len, spec.hidden_size
-    act = b * (s / cp) * h * e
-    layers = math.ceil(spec.num_layers / pp)
-    out += tensor_parallel_collectives(
-        activation_bytes=act,
-        layers=layers,
-        micro_batches=micro_batches,
-        sequence_parallel=layout.sequence_parallel,
-        recompute=recipe.recompute,
-        tp=placements["tp"],
-        network=network,
-        recompute_skipped_reductions=recompute_skipped_tp_reductions(spec, recipe, layers),
+            capacity_factor=capacity_factor,
+        ),
     )
-    out += pipeline_collectives(
-        activation_bytes=act,
-        tp_size=tp,
-        micro_batches=micro_batches,
-        virtual_stages=layout.virtual_stages,
-        pp=placements["pp"],
-        network=network,
-    )
-    if spec.moe is not None and layout.ep > 1:
-        moe_layers = math.ceil(spec.num_moe_layers / pp)
-        local_tokens = b * s / cp / (tp if layout.sequence_parallel else 1)
-        out += expert_parallel_collectives(
-            routed_bytes=local_tokens * spec.moe.top_k * h * e * capacity_factor,
-            moe_layers=moe_layers,
-            micro_batches=micro_batches,
-            recompute=recipe.recompute,
-            ep=placements["ep"],
-            network=network,
-        )
-    if cp > 1:
-        kv_heads_local = max(spec.num_kv_heads / tp, 1.0)
-        out += context_parallel_collectives(
-            kv_bytes=2 * b * (s / cp) * kv_heads_local * spec.head_dim * e,
-            layers=layers,
-            micro_batches=micro_batches,
-            recompute=recipe.recompute,
-            cp=placements["cp"],
-            network=network,
-        )
-    return tuple(out)
+    return timed_collectives(traffic, network, placements)

@@ -18,12 +18,14 @@ with P_idle = ``IDLE_POWER_FRACTION`` · TDP.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final
 
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import CloudOffering
 from trainplan.hardware.system import System
+from trainplan.num import Int, Num, as_float, where
 from trainplan.timing import Throughput, TimeBreakdown
 from trainplan.units import SECONDS_PER_HOUR
 
@@ -101,11 +103,7 @@ def run_cost(
             None if offer is None else f"{offer.provider} {offer.instance} ({offer.date}): {offer.source}"
         )
     acc = system.accelerator
-    busy = time.compute_s / time.step_s if time.step_s > 0 else 0.0
-    power = None
-    if acc.tdp_w is not None:
-        idle = IDLE_POWER_FRACTION * acc.tdp_w
-        power = idle + (acc.tdp_w - idle) * busy
+    power = None if acc.tdp_w is None else float(average_power_w(acc.tdp_w, time.compute_s, time.step_s))
     if tokens is None:
         return RunCost(
             tokens=None,
@@ -118,17 +116,40 @@ def run_cost(
             average_power_w=power,
             pue=pue,
         )
-    time_s = tokens / throughput.tokens_per_s
-    device_hours = system.num_devices * time_s / SECONDS_PER_HOUR
-    energy = None if power is None else system.num_devices * power * time_s / 3.6e6 * pue
+    time_s, device_hours, cost, energy = run_totals(
+        tokens,
+        throughput.tokens_per_s,
+        system.num_devices,
+        price=price if price is not None else math.nan,
+        power_w=power if power is not None else math.nan,
+        pue=pue,
+    )
     return RunCost(
         tokens=tokens,
-        time_s=time_s,
-        device_hours=device_hours,
-        cost_usd=None if price is None else device_hours * price,
+        time_s=float(time_s),
+        device_hours=float(device_hours),
+        cost_usd=None if price is None else float(cost),
         usd_per_device_hour=price,
         price_source=price_source,
-        energy_kwh=energy,
+        energy_kwh=None if power is None else float(energy),
         average_power_w=power,
         pue=pue,
     )
+
+
+def average_power_w(tdp_w: Num, compute_s: Num, step_s: Num) -> Num:
+    """``P_idle + (TDP − P_idle) · u`` with u = compute time / step time (module docstring)."""
+    busy = where(step_s > 0, compute_s / where(step_s > 0, step_s, 1.0), 0.0)
+    idle = IDLE_POWER_FRACTION * tdp_w
+    return idle + (tdp_w - idle) * busy
+
+
+def run_totals(
+    tokens: Num, tokens_per_s: Num, devices: Int, *, price: Num, power_w: Num, pue: float
+) -> tuple[Num, Num, Num, Num]:
+    """(time_s, device_hours, cost_usd, energy_kwh) of training ``tokens`` (module docstring);
+    NaN prices or powers give NaN costs or energies."""
+    time_s = tokens / tokens_per_s
+    dev = as_float(devices)
+    device_hours = dev * time_s / SECONDS_PER_HOUR
+    return time_s, device_hours, device_hours * price, dev * power_w * time_s / 3.6e6 * pue

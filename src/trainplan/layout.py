@@ -59,6 +59,73 @@ GRAD_ACCUMULATIONS: Final = get_args(GradAccumulation)
 
 
 @dataclass(frozen=True, kw_only=True)
+class LayoutOptions:
+    """The engine options of a layout that the planner does not search: it applies the user's
+    choice (or the default, and says so) to every candidate where the option means something.
+
+    ``tp_comm_overlap`` applies to the candidates with sequence parallelism, ``pp_comm_overlap``
+    to those with a pipeline, ``zero3_granularity`` to those with ZeRO-3 (:meth:`for_candidate`);
+    the others to all."""
+
+    overlap_grad_reduce: bool = True
+    tp_comm_overlap: bool = False
+    pp_comm_overlap: bool = False
+    zero3_granularity: Zero3Granularity = "block"
+    grad_accumulation: GradAccumulation = "fused"
+
+    def __post_init__(self) -> None:
+        # The same checks as a Layout's, on a layout where every option applies.
+        Layout(
+            dp=1,
+            tp=2,
+            pp=2,
+            zero=3,
+            sequence_parallel=True,
+            overlap_grad_reduce=self.overlap_grad_reduce,
+            tp_comm_overlap=self.tp_comm_overlap,
+            pp_comm_overlap=self.pp_comm_overlap,
+            zero3_granularity=self.zero3_granularity,
+            grad_accumulation=self.grad_accumulation,
+        )
+
+    def for_candidate(self, *, sequence_parallel: bool, pp: int, zero: int) -> dict[str, object]:
+        """The Layout keyword arguments of these options on one candidate."""
+        return {
+            "overlap_grad_reduce": self.overlap_grad_reduce,
+            "tp_comm_overlap": self.tp_comm_overlap and sequence_parallel,
+            "pp_comm_overlap": self.pp_comm_overlap and pp > 1,
+            "zero3_granularity": self.zero3_granularity if zero == 3 else "block",
+            "grad_accumulation": self.grad_accumulation,
+        }
+
+    def describe(self) -> str:
+        """One line of what differs from the defaults, or 'defaults'."""
+        diff = [
+            f"{f}={getattr(self, f)}"
+            for f in (
+                "overlap_grad_reduce",
+                "tp_comm_overlap",
+                "pp_comm_overlap",
+                "zero3_granularity",
+                "grad_accumulation",
+            )
+            if getattr(self, f) != getattr(DEFAULT_LAYOUT_OPTIONS, f)
+        ]
+        return ", ".join(diff) if diff else "defaults"
+
+    @classmethod
+    def of_layout(cls, layout: Layout) -> LayoutOptions:
+        """The options of an existing layout."""
+        return cls(
+            overlap_grad_reduce=layout.overlap_grad_reduce,
+            tp_comm_overlap=layout.tp_comm_overlap,
+            pp_comm_overlap=layout.pp_comm_overlap,
+            zero3_granularity=layout.zero3_granularity,
+            grad_accumulation=layout.grad_accumulation,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     dp: int = 1
     tp: int = 1
@@ -257,3 +324,6 @@ class Layout:
             if self.pp_comm_overlap:
                 parts.append("p2p-overlap")
         return " ".join(parts)
+
+
+DEFAULT_LAYOUT_OPTIONS: Final = LayoutOptions()

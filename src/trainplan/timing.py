@@ -44,9 +44,10 @@ from __future__ import annotations
 import functools
 import math
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Final
+from typing import Final, Protocol
 
 from trainplan.comm import Collective, group_placement, network_from_system, step_collectives
 from trainplan.dtypes import BYTES_PER_ELEMENT
@@ -65,7 +66,9 @@ from trainplan.layout import Layout
 from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
+from trainplan.num import Bool, Int, Num, as_float, maximum, total, where
 from trainplan.recipe import Recipe
+from trainplan.terms import TIME_TERMS
 
 FLASH_ATTENTION_EFFICIENCY: Final[dict[str, float]] = {
     "ampere": 0.60,
@@ -196,20 +199,8 @@ class TimeBreakdown:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def terms(self) -> list[tuple[str, float]]:
-        return [
-            ("compute (forward)", self.forward_s),
-            ("compute (backward)", self.backward_s),
-            ("compute (recompute)", self.recompute_s),
-            ("tensor-parallel comm (exposed)", self.exposed_tp_s),
-            ("expert-parallel all-to-all (exposed)", self.exposed_ep_s),
-            ("context-parallel comm (exposed)", self.exposed_cp_s),
-            ("pipeline send/recv", self.pp_p2p_s),
-            ("data-parallel / ZeRO comm (exposed)", self.exposed_dp_s),
-            ("pipeline bubble", self.bubble_s),
-            ("gradient accumulation", self.grad_accum_s),
-            ("optimizer step", self.optimizer_s),
-            ("offload transfers + CPU step", self.offload_s),
-        ]
+        """(label, seconds) of every term of :data:`trainplan.terms.TIME_TERMS`, in order."""
+        return [(t.label, getattr(self, t.key)) for t in TIME_TERMS]
 
     @property
     def step_s(self) -> float:
@@ -219,18 +210,7 @@ class TimeBreakdown:
         return {
             "step_s": self.step_s,
             "compute_s": self.compute_s,
-            "forward_s": self.forward_s,
-            "backward_s": self.backward_s,
-            "recompute_s": self.recompute_s,
-            "exposed_tp_s": self.exposed_tp_s,
-            "exposed_ep_s": self.exposed_ep_s,
-            "exposed_cp_s": self.exposed_cp_s,
-            "pp_p2p_s": self.pp_p2p_s,
-            "exposed_dp_s": self.exposed_dp_s,
-            "bubble_s": self.bubble_s,
-            "grad_accum_s": self.grad_accum_s,
-            "optimizer_s": self.optimizer_s,
-            "offload_s": self.offload_s,
+            **{t.key: getattr(self, t.key) for t in TIME_TERMS},
             "micro_batches": self.micro_batches,
             "stage": self.stage,
             "gemm_efficiency": self.gemm_efficiency,
@@ -337,7 +317,24 @@ TP_OVERLAP_PIPELINE_SPLITS: Final = 4
 ``training/comm_overlap.py``)."""
 
 
-def overlapped_tp_s(colls: tuple[Collective, ...], gemm_s: dict[str, float]) -> float:
+class TimedCollective(Protocol):
+    """What the step-time terms read of a collective (``comm.Collective``, or the planner's arrays)."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def phase(self) -> str | None: ...
+    @property
+    def overlappable_with(self) -> str: ...
+    @property
+    def calls(self) -> Num: ...
+    @property
+    def time_s(self) -> Num: ...
+
+
+def overlapped_tp_s(colls: Sequence[TimedCollective], gemm_s: Mapping[str, Num]) -> Num:
     """Exposed tensor-parallel time when the sequence-parallel collectives overlap the GEMMs.
 
     Transformer Engine's userbuffers overlap (Megatron-Core ``--tp-comm-overlap``) pairs every
@@ -357,28 +354,47 @@ def overlapped_tp_s(colls: tuple[Collective, ...], gemm_s: dict[str, float]) -> 
     decomposition of Wang et al. 2023 (ASPLOS, "Overlap communication with dependent computation
     via decomposition in large deep learning models").
     """
-    exposed = 0.0
+    exposed: Num = 0.0
     for name, g in gemm_s.items():
-        # The backward's collectives include the weight-gradient input re-gather (tp_backward_input_regather).
-        c = sum(x.time_s for x in colls if x.group == "tp" and x.name.startswith(f"tp_{name}_"))
-        exposed += max(0.0, c - g)
+        # The backward's collectives include the weight-gradient input re-gather.
+        tp = [x for x in colls if x.group == "tp" and x.phase == name]
+        exposed = exposed + maximum(0.0, total(x.time_s for x in tp) - g)
         if name != "backward":
-            c_rs = sum(
-                x.time_s
-                for x in colls
-                if x.group == "tp" and x.name.startswith(f"tp_{name}_") and x.kind == "reduce_scatter"
-            )
-            exposed += c_rs / TP_OVERLAP_PIPELINE_SPLITS
+            c_rs = total(x.time_s for x in tp if x.kind == "reduce_scatter")
+            exposed = exposed + c_rs / TP_OVERLAP_PIPELINE_SPLITS
     return exposed
 
 
 def grad_accumulation_bytes(
     trainable_params_on_device: float, recipe: Recipe, layout: Layout, micro_batches: int
 ) -> float:
+    """:func:`grad_accumulation_bytes_n` of one layout and recipe."""
+    return float(
+        grad_accumulation_bytes_n(
+            layout.grad_accumulation,
+            trainable_params_on_device,
+            float(BYTES_PER_ELEMENT[recipe.weight_dtype]),
+            recipe.weight_dtype in ("bf16", "fp32"),
+            layout.zero,
+            layout.shard_group,
+            micro_batches,
+        )
+    )
+
+
+def grad_accumulation_bytes_n(
+    mode: str,
+    trainable_params_on_device: Num,
+    e: Num,
+    fp32_main: Bool,
+    zero: Int,
+    shard: Int,
+    micro_batches: Int,
+) -> Num:
     """HBM bytes one device moves per step to sum its micro-batches' gradients outside the GEMMs.
 
     With e the gradient dtype's bytes (the recipe's weight dtype) and P the device's trained
-    parameters, per ``layout.grad_accumulation``:
+    parameters, per ``mode`` (``Layout.grad_accumulation``):
 
     * ``fused``: 0 — the weight-gradient GEMM accumulates into the gradient buffer itself
       (Megatron-LM ``--gradient-accumulation-fusion``: ``fused_weight_gradient_mlp_cuda``
@@ -392,21 +408,210 @@ def grad_accumulation_bytes(
       ``_make_param_hook``: ``param.main_grad.add_(param.grad.data)``, 2021-2022) adds ``.grad``
       into the main-gradient buffer after every micro-batch: ``m · (e + 2e_main) · P``, e_main
       4 bytes (FP32) with BF16 weights (``megatron/arguments.py`` forces FP32 accumulation for
-      BF16) and for FP32 training, else e.
+      BF16) and for FP32 training (``fp32_main``), else e.
 
     Example: 1.65 B parameters per device in FP16, 16 micro-batches, ``autograd``:
     15 · 6 B · 1.65e9 = 149 GB, 87 ms at 1.7 TB/s.
     """
     m = micro_batches
-    e = float(BYTES_PER_ELEMENT[recipe.weight_dtype])
     p = trainable_params_on_device
-    if layout.grad_accumulation == "autograd":
-        shard = layout.shard_group if layout.zero >= 2 else 1
-        return (m - 1) * 3.0 * e * p / shard
-    if layout.grad_accumulation == "main_grad":
-        e_main = 4.0 if recipe.weight_dtype in ("bf16", "fp32") else e
-        return m * (e + 2.0 * e_main) * p
-    return 0.0
+    if mode == "autograd":
+        return (m - 1) * 3.0 * e * p / where(zero >= 2, shard, 1)
+    if mode == "main_grad":
+        return m * (e + 2.0 * where(fp32_main, 4.0, e)) * p
+    return 0.0 * p
+
+
+OFFLOAD_CODES: Final = ("none", "optimizer", "optimizer+params")
+"""``Recipe.offload`` as the integer code the step-time terms read (0, 1, 2)."""
+
+SCHEDULE_BUBBLE_DIVISOR: Final = {"1f1b": "1", "interleaved": "v", "zb": "3"}
+"""What divides (p − 1)·t_slot per pipeline schedule (module docstring): 1, the virtual stages
+v, or 3 (ZB-H1)."""
+
+
+def bubble_divisor(schedule: str, virtual_stages: Int) -> Num:
+    """The divisor of :data:`SCHEDULE_BUBBLE_DIVISOR` for one schedule."""
+    if schedule == "interleaved":
+        return as_float(virtual_stages)
+    return 3.0 if schedule == "zb" else 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepInputs:
+    """The numbers the step-time terms read: floats for one estimate, arrays for planner candidates.
+
+    Per micro-batch on the busiest pipeline stage (κ applied): ``t_f``, ``t_b``, ``t_r`` the
+    forward, backward and recompute passes, ``gemm_f/b/r`` their GEMM part (the windows of the
+    tensor-parallel overlap), ``attn_f/b`` the attention kernels (the windows of the
+    context-parallel ring). ``collectives``: every collective of the step with its seconds.
+    Options the planner holds fixed for a whole search are plain values.
+    """
+
+    micro_batches: Int
+    t_f: Num
+    t_b: Num
+    t_r: Num
+    gemm_f: Num
+    gemm_b: Num
+    gemm_r: Num
+    attn_f: Num
+    attn_b: Num
+    collectives: Sequence[TimedCollective]
+    pp: Int
+    bubble_divisor: Num
+    zero: Int
+    shard: Int  # ZeRO / FSDP shard group dp·cp
+    trainable_params_on_device: Num
+    params_on_device: Num
+    update_bytes_per_param: Num  # flops.optimizer_update_bytes of one parameter
+    hbm_bytes_per_s: Num  # achievable HBM bandwidth (catalog × measured efficiency)
+    host_bytes_per_s: Num  # host link per device (0: none in the catalog)
+    offload: Int  # OFFLOAD_CODES index
+    weight_refetches: Int  # parameter offload: weight streams per micro-batch (3 with full/sac recompute)
+    grad_accum_bytes: Num
+    tp_comm_overlap: Bool = False  # per candidate: only where sequence parallelism is on
+    pp_comm_overlap: bool = False
+    overlap_grad_reduce: bool = True
+
+
+DATA_PARALLEL_GROUPS: Final = ("dp", "shard", "expert_dp")
+
+
+def exposed_dp_s(x: StepInputs) -> Num:
+    """Data-parallel / ZeRO traffic not hidden by compute.
+
+    Per-micro-batch collectives hide behind that pass of every micro-batch; once-per-step gradient
+    reductions hide only behind the last backward (bucketed overlap, Li et al. 2020 "PyTorch
+    Distributed", Sec. 3.2.3); "none" is exposed. Without ``overlap_grad_reduce`` the reduction
+    starts after the last backward: nothing hides it.
+    """
+    m = x.micro_batches
+    mf = as_float(m)
+    dp = [c for c in x.collectives if c.group in DATA_PARALLEL_GROUPS]
+    exposed: Num = 0.0
+    t_b_window = x.t_b if x.overlap_grad_reduce else 0.0 * x.t_b
+    for phase, window in (("forward", x.t_f + x.t_r), ("backward", t_b_window)):
+        per_mb: Num = 0.0
+        per_step: Num = 0.0
+        for c in dp:
+            if c.overlappable_with != phase:
+                continue
+            many = (c.calls >= m) & (m > 1)
+            per_mb = per_mb + where(many, c.time_s, 0.0)
+            per_step = per_step + where(many, 0.0, c.time_s)
+        exposed = exposed + maximum(0.0, per_mb - mf * window) + maximum(0.0, per_step - window)
+    return exposed + total(c.time_s for c in dp if c.overlappable_with == "none")
+
+
+def exposed_cp_s(x: StepInputs) -> Num:
+    """Ring-attention exchange not hidden by the attention of the same pass (Liu et al. 2023)."""
+    mf = as_float(x.micro_batches)
+    cp = [c for c in x.collectives if c.group == "cp"]
+    fwd = total(c.time_s for c in cp if c.overlappable_with == "forward")
+    bwd = total(c.time_s for c in cp if c.overlappable_with == "backward")
+    return maximum(0.0, fwd - x.attn_f * mf) + maximum(0.0, bwd - x.attn_b * mf)
+
+
+def exposed_tp_s(x: StepInputs) -> Num:
+    """Tensor-parallel collectives on the critical path (:func:`overlapped_tp_s` with overlap)."""
+    tp = [c for c in x.collectives if c.group == "tp"]
+    plain = total(c.time_s for c in tp)
+    if x.tp_comm_overlap is False:
+        return plain
+    mf = as_float(x.micro_batches)
+    gemm = {"forward": mf * x.gemm_f, "backward": mf * x.gemm_b, "recompute": mf * x.gemm_r}
+    return where(x.tp_comm_overlap, overlapped_tp_s(tp, gemm), plain)
+
+
+def pp_p2p_s(x: StepInputs) -> Num:
+    """Pipeline sends; with ``pp_comm_overlap`` (Megatron-Core ``overlap_p2p_comm``) the sends of
+    one micro-batch run while the stage computes another: only what exceeds its compute shows."""
+    t = total(c.time_s for c in x.collectives if c.group == "pp")
+    if x.pp_comm_overlap:
+        return maximum(0.0, t - as_float(x.micro_batches) * (x.t_f + x.t_b + x.t_r))
+    return t
+
+
+def pipeline_bubble_s(x: StepInputs, blocking_comm_s: Num) -> Num:
+    """Fill and drain: (p − 1) slots over the schedule's divisor, 0 without a pipeline.
+
+    A slot is everything a micro-batch costs on the critical path of a stage: its compute and its
+    blocking tensor / expert-parallel collectives and pipeline sends (``blocking_comm_s`` per step;
+    Narayanan et al. 2021 Sec. 2.2.1: bubble = (p − 1)·(t_f + t_b) with t_f, t_b the
+    per-micro-batch stage times; Qi et al. 2023 Sec. 3 for ZB-H1)."""
+    slot = x.t_f + x.t_b + x.t_r + blocking_comm_s / as_float(x.micro_batches)
+    return where(x.pp == 1, 0.0, (x.pp - 1) * slot / x.bubble_divisor)
+
+
+def optimizer_offload_s(x: StepInputs) -> tuple[Num, Num]:
+    """(optimizer_s, offload_s): the update on the device (memory-bound), or on the CPU.
+
+    Offload: gradients out and parameters back over the host link, the CPU update at
+    :data:`HOST_MEMORY_BYTES_PER_S` (ZeRO-Offload, Ren et al. 2021, Sec. 5); parameter offload
+    (ZeRO-Infinity) also streams every layer's weights in for forward and backward (and the
+    recompute's forward hooks) beyond what the compute of those passes hides."""
+    trained_shard = x.trainable_params_on_device / where(x.zero >= 1, x.shard, 1)
+    update = trained_shard * x.update_bytes_per_param
+    on_device = x.offload == 0
+    optimizer_s = where(on_device, update / x.hbm_bytes_per_s, 0.0)
+    has_host = x.host_bytes_per_s > 0
+    safe_host = where(has_host, x.host_bytes_per_s, 1.0)
+    shard = maximum(1, x.shard)
+    grads_out = x.trainable_params_on_device * 2.0 / shard
+    transfer = where(has_host, (grads_out + grads_out) / safe_host, 0.0)
+    offload_s = transfer + update / HOST_MEMORY_BYTES_PER_S
+    weights = x.params_on_device * 2.0 / shard
+    mf = as_float(x.micro_batches)
+    stream = maximum(0.0, mf * x.weight_refetches * weights / safe_host - mf * (x.t_f + x.t_b))
+    offload_s = where((x.offload == 2) & has_host, offload_s + stream, offload_s)
+    return optimizer_s, where(on_device, 0.0, offload_s)
+
+
+def step_terms(x: StepInputs) -> dict[str, Num]:
+    """Every term of the step (:data:`trainplan.terms.TIME_TERMS` keys) and ``step_s``, their sum
+    in the registry's order, and ``compute_s``."""
+    mf = as_float(x.micro_batches)
+    tp_s = exposed_tp_s(x)
+    ep_s = total(c.time_s for c in x.collectives if c.group == "ep")
+    pp_s = pp_p2p_s(x)
+    optimizer_s, offload_s = optimizer_offload_s(x)
+    out: dict[str, Num] = {
+        "forward_s": mf * x.t_f,
+        "backward_s": mf * x.t_b,
+        "recompute_s": mf * x.t_r,
+        "exposed_tp_s": tp_s,
+        "exposed_ep_s": ep_s,
+        "exposed_cp_s": exposed_cp_s(x),
+        "pp_p2p_s": pp_s,
+        "exposed_dp_s": exposed_dp_s(x),
+        "bubble_s": pipeline_bubble_s(x, tp_s + ep_s + pp_s),
+        "grad_accum_s": x.grad_accum_bytes / x.hbm_bytes_per_s,
+        "optimizer_s": optimizer_s,
+        "offload_s": offload_s,
+    }
+    out["step_s"] = total(out[t.key] for t in TIME_TERMS)
+    out["compute_s"] = mf * (x.t_f + x.t_b + x.t_r)
+    return out
+
+
+def step_lower_bound_s(x: StepInputs) -> Num:
+    """A lower bound of ``step_terms(x)["step_s"]`` that reads no collective: the terms that do not
+    depend on communication (the bubble of compute alone), added in the registry's order. Every
+    term left out is non-negative and the bubble grows with communication, and rounded addition
+    is monotone, so the bound never exceeds the step time."""
+    mf = as_float(x.micro_batches)
+    optimizer_s, offload_s = optimizer_offload_s(x)
+    lower = {
+        "forward_s": mf * x.t_f,
+        "backward_s": mf * x.t_b,
+        "recompute_s": mf * x.t_r,
+        "bubble_s": pipeline_bubble_s(x, 0.0),
+        "grad_accum_s": x.grad_accum_bytes / x.hbm_bytes_per_s,
+        "optimizer_s": optimizer_s,
+        "offload_s": offload_s,
+    }
+    return total(lower[t.key] for t in TIME_TERMS if t.key in lower)
 
 
 def gemm_peak_flops_per_s(system: System, recipe: Recipe) -> float:
@@ -477,7 +682,6 @@ def step_time(
 
     timed = [(stage_time(st), st) for st in stages]
     (t_f, t_b, t_r, eta), busiest = max(timed, key=lambda x: x[0][0] + x[0][1] + x[0][2])
-    t_mb = t_f + t_b + t_r
 
     # Collectives of the busiest stage.
     network = network_from_system(system)
@@ -507,109 +711,47 @@ def step_time(
         trainable_expert_params=trainable_expert,
         micro_batches=m,
     )
-    tp_s = sum(c.time_s for c in colls if c.group == "tp")
-    if layout.tp_comm_overlap:
-        gemm_s = {
-            name: m
-            * ((cost.gemm_flops - cost.hp_gemm_flops) / peak + cost.hp_gemm_flops / peak_hp)
-            / eta
-            / kappa
-            for name, cost in (
-                ("forward", busiest.forward),
-                ("backward", busiest.backward),
-                ("recompute", busiest.recompute),
-            )
-        }
-        tp_s = overlapped_tp_s(colls, gemm_s)
-    ep_s = sum(c.time_s for c in colls if c.group == "ep")
-    pp_s = sum(c.time_s for c in colls if c.group == "pp")
-    if layout.pp_comm_overlap:
-        # Sends of one micro-batch run while the stage computes another (Megatron-Core
-        # ``overlap_p2p_comm``): only what exceeds the stage's compute is exposed.
-        pp_s = max(0.0, pp_s - m * t_mb)
-    cp_fwd = sum(c.time_s for c in colls if c.group == "cp" and c.overlappable_with == "forward")
-    cp_bwd = sum(c.time_s for c in colls if c.group == "cp" and c.overlappable_with == "backward")
-    attn_f = busiest.forward.attention_flops / (peak_attn * eta_attn) * m
-    attn_b = busiest.backward.attention_flops / (peak_attn * eta_attn) * m
-    exposed_cp = max(0.0, cp_fwd - attn_f) + max(0.0, cp_bwd - attn_b)
-
-    # Data-parallel / ZeRO traffic: per-micro-batch collectives hide behind that pass of every
-    # micro-batch; once-per-step gradient reductions hide only behind the last backward (bucketed
-    # overlap, Li et al. 2020 "PyTorch Distributed", Sec. 3.2.3); "none" is exposed.
-    dp_groups = ("dp", "shard", "expert_dp")
-    exposed_dp = 0.0
-    # Without overlap the reduction starts after the last backward: nothing hides it.
-    t_b_window = t_b if layout.overlap_grad_reduce else 0.0
-    for phase, window_per_mb in (("forward", t_f + t_r), ("backward", t_b_window)):
-        per_mb = sum(
-            c.time_s
-            for c in colls
-            if c.group in dp_groups and c.overlappable_with == phase and c.calls >= m > 1
-        )
-        per_step = sum(
-            c.time_s
-            for c in colls
-            if c.group in dp_groups and c.overlappable_with == phase and not c.calls >= m > 1
-        )
-        exposed_dp += max(0.0, per_mb - m * window_per_mb) + max(0.0, per_step - window_per_mb)
-    exposed_dp += sum(c.time_s for c in colls if c.group in dp_groups and c.overlappable_with == "none")
-
-    # Pipeline bubble: every stage idles for (p − 1) micro-batch slots during fill and drain, and a
-    # slot is everything a micro-batch costs on the critical path of a stage — its compute and its
-    # blocking tensor / expert-parallel collectives and pipeline sends (Narayanan et al. 2021
-    # Sec. 2.2.1: bubble = (p − 1)·(t_f + t_b) with t_f, t_b the per-micro-batch stage times).
-    p = layout.pp
-    t_slot = t_mb + (tp_s + ep_s + pp_s) / m
-    if p == 1:
-        bubble = 0.0
-    elif layout.pp_schedule == "interleaved":
-        bubble = (p - 1) * t_slot / layout.virtual_stages
-    elif layout.pp_schedule == "zb":
-        bubble = (p - 1) * t_slot / 3.0
-    else:
-        bubble = (p - 1) * t_slot
-
     # Optimizer step on the device (memory-bound), or offloaded to the CPU.
     mem = memory if memory is not None else memory_breakdown(model, recipe, layout, num_microbatches=m)
-    trained_shard = mem.trainable_params_on_device / (layout.shard_group if layout.zero >= 1 else 1)
-    update_bytes = optimizer_update_bytes(trained_shard, recipe)
-    optimizer_s = 0.0
-    offload_s = 0.0
-    if recipe.offload == "none":
-        optimizer_s = update_bytes / bw
-    else:
-        host = acc.host_link
-        host_bw = host.bandwidth_bytes_per_s if host is not None else 0.0
-        if host_bw <= 0:
-            notes.append("no host link in the catalog: offload transfer time not modelled")
-        grads_out = mem.trainable_params_on_device * 2.0 / max(1, layout.shard_group)
-        params_in = grads_out
-        transfer = (grads_out + params_in) / host_bw if host_bw > 0 else 0.0
-        cpu_step = update_bytes / HOST_MEMORY_BYTES_PER_S
-        offload_s = transfer + cpu_step
-        if recipe.offload == "optimizer+params" and host_bw > 0:
-            # ZeRO-Infinity streams every layer's weights in for forward, recompute and backward
-            # (a per-op selective recomputation re-runs every module's forward hook too).
-            weights = mem.params_on_device * 2.0 / max(1, layout.shard_group)
-            passes = 3 if recipe.recompute in ("full", "sac") else 2
-            offload_s += max(0.0, m * passes * weights / host_bw - m * (t_f + t_b))
-
-    grad_accum_s = grad_accumulation_bytes(mem.trainable_params_on_device, recipe, layout, m) / bw
-
+    if recipe.offload != "none" and acc.host_link is None:
+        notes.append("no host link in the catalog: offload transfer time not modelled")
+    host = acc.host_link
+    hp = busiest.forward.hp_gemm_flops, busiest.backward.hp_gemm_flops, busiest.recompute.hp_gemm_flops
+    gemm = [
+        ((c.gemm_flops - h) / peak + h / peak_hp) / eta / kappa
+        for c, h in zip((busiest.forward, busiest.backward, busiest.recompute), hp, strict=True)
+    ]
+    x = StepInputs(
+        micro_batches=m,
+        t_f=t_f,
+        t_b=t_b,
+        t_r=t_r,
+        gemm_f=gemm[0],
+        gemm_b=gemm[1],
+        gemm_r=gemm[2],
+        attn_f=busiest.forward.attention_flops / (peak_attn * eta_attn),
+        attn_b=busiest.backward.attention_flops / (peak_attn * eta_attn),
+        collectives=colls,
+        pp=layout.pp,
+        bubble_divisor=bubble_divisor(layout.pp_schedule, layout.virtual_stages),
+        zero=layout.zero,
+        shard=layout.shard_group,
+        trainable_params_on_device=mem.trainable_params_on_device,
+        params_on_device=mem.params_on_device,
+        update_bytes_per_param=optimizer_update_bytes(1.0, recipe),
+        hbm_bytes_per_s=bw,
+        host_bytes_per_s=host.bandwidth_bytes_per_s if host is not None else 0.0,
+        offload=OFFLOAD_CODES.index(recipe.offload),
+        weight_refetches=3 if recipe.recompute in ("full", "sac") else 2,
+        grad_accum_bytes=grad_accumulation_bytes(mem.trainable_params_on_device, recipe, layout, m),
+        tp_comm_overlap=layout.tp_comm_overlap,
+        pp_comm_overlap=layout.pp_comm_overlap,
+        overlap_grad_reduce=layout.overlap_grad_reduce,
+    )
+    terms = step_terms(x)
     return TimeBreakdown(
-        compute_s=m * t_mb,
-        forward_s=m * t_f,
-        backward_s=m * t_b,
-        recompute_s=m * t_r,
-        exposed_tp_s=tp_s,
-        exposed_ep_s=ep_s,
-        exposed_cp_s=exposed_cp,
-        pp_p2p_s=pp_s,
-        exposed_dp_s=exposed_dp,
-        bubble_s=bubble,
-        optimizer_s=optimizer_s,
-        offload_s=offload_s,
-        grad_accum_s=grad_accum_s,
+        **{t.key: float(terms[t.key]) for t in TIME_TERMS},
+        compute_s=float(terms["compute_s"]),
         micro_batches=m,
         stage=busiest.stage,
         gemm_efficiency=eta,
@@ -651,16 +793,20 @@ def throughput(
     sf = step_flops(model, recipe, layout)
     peak = gemm_peak_flops_per_s(system, recipe)
     step_s = time.step_s
-    tokens = sf.tokens
-    denom = system.num_devices * peak * step_s
     return Throughput(
-        tokens_per_s=tokens / step_s,
+        tokens_per_s=sf.tokens / step_s,
         model_flops_per_step=sf.model_flops,
         hardware_flops_per_step=sf.hardware_flops,
-        mfu=sf.model_flops / denom,
-        hfu=sf.hardware_flops / denom,
+        mfu=float(flops_utilisation(sf.model_flops, system.num_devices, peak, step_s)),
+        hfu=float(flops_utilisation(sf.hardware_flops, system.num_devices, peak, step_s)),
         peak_flops_per_s=peak,
     )
+
+
+def flops_utilisation(flops_per_step: Num, devices: Int, peak_flops_per_s: Num, step_s: Num) -> Num:
+    """FLOPs per step over (devices × dense peak × step time): MFU with model FLOPs, HFU with
+    hardware FLOPs (Chowdhery et al. 2022 App. B)."""
+    return flops_per_step / (devices * peak_flops_per_s * step_s)
 
 
 __all__ = ["Throughput", "TimeBreakdown", "gemm_peak_flops_per_s", "step_time", "throughput"]

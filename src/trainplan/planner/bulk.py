@@ -61,15 +61,25 @@ from typing import Any, Final, cast
 import numpy as np
 import numpy.typing as npt
 
-from trainplan.comm import network_from_system, recompute_skipped_tp_reductions
-from trainplan.cost import IDLE_POWER_FRACTION
+from trainplan.comm import (
+    Traffic,
+    TrafficInputs,
+    collective_time_s,
+    group_shapes,
+    network_from_system,
+    ranks_per_domain,
+    recompute_skipped_tp_reductions,
+    step_traffic,
+    traffic_time_s,
+)
+from trainplan.cost import average_power_w, run_totals
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, get_efficiency
 from trainplan.errors import TrainplanError
 from trainplan.flops import device_flops, optimizer_update_bytes, step_flops
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
-from trainplan.layout import Layout, PipelineSchedule
+from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions, PipelineSchedule
 from trainplan.memory import (
     CUDA_CONTEXT_BYTES,
     FSDP_PHASES,
@@ -86,12 +96,16 @@ from trainplan.recipe import RECOMPUTES, Offload, Precision, Recipe, Recompute
 from trainplan.sharding import device_params
 from trainplan.timing import (
     HOST_MEMORY_BYTES_PER_S,
+    StepInputs,
     _pass_time_s,
     _stage_gemm_efficiency,
     calibrated_kappa,
+    flops_utilisation,
+    grad_accumulation_bytes_n,
     recipe_peaks,
+    step_lower_bound_s,
+    step_terms,
 )
-from trainplan.units import SECONDS_PER_HOUR
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -138,7 +152,7 @@ class Core:
     def recipe(self, base: Recipe) -> Recipe:
         return _core_recipe(base, self.micro_batch, self.recompute, self.offload, self.precision)
 
-    def layout(self, dp: int, zero: int) -> Layout:
+    def layout(self, dp: int, zero: int, options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS) -> Layout:
         return Layout(
             dp=dp,
             tp=self.tp,
@@ -149,6 +163,9 @@ class Core:
             sequence_parallel=self.sequence_parallel,
             pp_schedule=self.pp_schedule,
             virtual_stages=self.virtual_stages,
+            **cast(
+                Any, options.for_candidate(sequence_parallel=self.sequence_parallel, pp=self.pp, zero=zero)
+            ),
         )
 
 
@@ -671,6 +688,7 @@ class BulkEvaluator:
         prices: list[float | None],
         *,
         pue: float,
+        options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS,
     ) -> None:
         if base.global_batch is None:
             raise TrainplanError("global_batch", "the planner needs a fixed global batch")
@@ -680,6 +698,7 @@ class BulkEvaluator:
         self.accelerators = accelerators
         self.prices = prices
         self.pue = pue
+        self.options = options
         self._layout_cache: dict[tuple[object, ...], Layout] = {}
         # the stage store: 10 figures per distinct stage (see _stage_rows), its layers and kinds
         self._stage_work: list[float] = []
@@ -713,7 +732,7 @@ class BulkEvaluator:
             ],
             dtype=bool,
         )
-        self._time_tab = np.full((5, len(accelerators), len(self._fkeys)), np.nan)
+        self._time_tab = np.full((8, len(accelerators), len(self._fkeys)), np.nan)
 
     def _layout(self, dp: int, tp: int, pp: int, cp: int, ep: int, zero: int, *rest: object) -> Layout:
         """Layouts are validated on construction; the tables reuse them."""
@@ -954,6 +973,7 @@ class BulkEvaluator:
         r_of_core, r_first = keyed((5, 6, 7, 8))
         r_recipes = [cores[c].recipe(self.base) for c in r_first]
         self._c_e = np.array([float(BYTES_PER_ELEMENT[r.weight_dtype]) for r in r_recipes])[r_of_core]
+        self._c_fp32_main = np.array([r.weight_dtype in ("bf16", "fp32") for r in r_recipes])[r_of_core]
         self._c_update = np.array([optimizer_update_bytes(1.0, r) for r in r_recipes])[r_of_core]
         # Trainable (PEFT: adapters over all stages, tp = 1 as step_time counts them) per pp.
         if self.base.is_peft:
@@ -1031,7 +1051,7 @@ class BulkEvaluator:
 
     def _time_tables(self, afk: IntArray) -> FloatArray:
         """Per-micro-batch times of the busiest stage (``timing.step_time``): ``[t_f, t_b, t_r,
-        a_f, a_b]`` as (accelerator, compute key) tables, filled for the pairs used (``afk`` =
+        a_f, a_b, g_f, g_b, g_r]`` (passes, attention, GEMMs) as (accelerator, compute key) tables, filled for the pairs used (``afk`` =
         accelerator · number of compute keys + compute key).
 
         Keyed by the compute key of each core (offload and the pipeline schedule do not change
@@ -1099,12 +1119,16 @@ class BulkEvaluator:
         total = f + b + r
         a_f = fwd.attention_flops / (peak_attn * eta_attn) + 0.0 * f
         a_b = bwd.attention_flops / (peak_attn * eta_attn) + 0.0 * f
+        g_f, g_b, g_r = (
+            ((c.gemm_flops - c.hp_gemm_flops) / peak + c.hp_gemm_flops / peak_hp) / eta / kappa
+            for c in (fwd, bwd, rec)
+        )
         top = np.maximum.reduceat(total, starts, axis=0)
         seg = np.repeat(np.arange(starts.size), lens)
         row_no = np.broadcast_to(np.arange(n_rows)[:, None], total.shape)
         first = np.minimum.reduceat(np.where(total == top[seg], row_no, n_rows), starts, axis=0)
         cols = np.broadcast_to(np.arange(a_ids.size)[None, :], first.shape)
-        for j, x in enumerate((f, b, r, a_f, a_b)):
+        for j, x in enumerate((f, b, r, a_f, a_b, g_f, g_b, g_r)):
             tab[j][np.ix_(a_ids, k_ids)] = x[first, cols].T
 
     def _eta_row(self, core: Core, row: int) -> int:
@@ -1392,15 +1416,46 @@ class BulkEvaluator:
             out[i] = memo[key]
         return out
 
+    def _traffic(self, core: IntArray, dpi: IntArray, zero: IntArray, m: IntArray) -> tuple[Traffic, ...]:
+        """``comm.step_traffic`` of candidates (or of key representatives: their calls unused)."""
+        ci = self._c_int
+        e = self._c_e[core]
+        return step_traffic(
+            self.model,
+            self.base.seq_len,
+            TrafficInputs(
+                tp=ci["tp"][core],
+                pp=ci["pp"][core],
+                cp=ci["cp"][core],
+                ep=ci["ep"][core],
+                dp=dpi,
+                zero=zero,
+                micro_batches=m,
+                micro_batch=ci["micro_batch"][core],
+                sequence_parallel=self._c_sp[core],
+                recompute_full=self._c_full[core],
+                recompute_repeats_ring=self._c_rc_any[core],
+                regather_for_recompute=self._c_refetch[core],
+                skipped_reductions=self._c_tp_skips[core],
+                virtual_stages=ci["virtual_stages"][core],
+                weight_bytes=e,
+                stored_weight_bytes=BYTES_PER_ELEMENT["nf4"] if self.base.method == "qlora" else e,
+                dense_params=self._dense,
+                expert_params=self._expert,
+                trainable_dense_params=self._c_tdense[core],
+                trainable_expert_params=self._c_texpert[core],
+                granularity=self.options.zero3_granularity,
+            ),
+        )
+
     def _collectives(self, acc: IntArray, dpi: IntArray, core: IntArray) -> dict[str, FloatArray]:
-        """Per-call times of the step's collectives for each candidate (``comm.Network.time_s`` on
-        the placements of ``comm.group_placement``, as ``comm.step_collectives`` sizes them).
+        """Per-call network times of the step's collectives for each candidate
+        (``comm.collective_time_s`` of ``comm.step_traffic`` on the groups of ``comm.group_shapes``).
 
         They depend on the accelerator, dp and the core's tp, pp, cp, ep, sequence parallelism,
         micro-batch and precision (the device count is dp·tp·pp·cp), not on ZeRO, recompute,
         offload or the schedule: each is computed once per distinct such key and gathered.
-        Names: ``dp_*`` / ``xdp_*`` (data-parallel shard group, expert data-parallel group:
-        ``rs``, ``ag``, ``ar``), ``tp_*`` (per layer pass), ``pp``, ``ep``, ``cp_fwd``, ``cp_bwd``.
+        Keyed by the traffic's names.
         """
         present = np.bincount(dpi)
         dps = np.flatnonzero(present)
@@ -1418,7 +1473,6 @@ class BulkEvaluator:
         a, dp, c = acc[rep], dpi[rep], core[rep]
         n = a.size
         tp, pp, cp, ep = (self._c_int[name][c] for name in ("tp", "pp", "cp", "ep"))
-        mb = self._c_int["micro_batch"][c]
         api = a * len(self._precs) + self._c_prec[c]
         ac = self._accel_arrays(api)
 
@@ -1426,58 +1480,27 @@ class BulkEvaluator:
             return np.asarray(ac[name].reshape(-1)[api])
 
         d = np.minimum(col("domain").astype(np.int64), dp * tp * pp * cp)
-        out_bw = col("out_bw")
-        out_bw = np.where(np.isnan(out_bw), 1.0, out_bw)
-        net = _Net(col("up_bw"), col("up_lat"), col("up_eff"), out_bw, col("out_lat"), col("out_eff"))
-        e = self._c_e[c]
-        w_bytes = BYTES_PER_ELEMENT["nf4"] if self.base.method == "qlora" else e
-        out: dict[str, FloatArray] = {}
-
-        # ZeRO-3 collectives per pass: one per block on the stage + the root unit
-        # (comm.zero3_gather_units, "block" granularity: the planner plans FSDP-style stacks)
-        units = -(-self.model.num_layers // pp) + 1
-        out["z3_units"] = units.astype(np.float64)
-
-        def data_parallel(prefix: str, pl: _Placement, param_b: FloatArray, grad_b: FloatArray) -> None:
-            out[prefix + "_rs"] = net.time("reduce_scatter", grad_b, pl)
-            out[prefix + "_ag"] = net.time("all_gather", param_b, pl)
-            out[prefix + "_ar"] = net.time("all_reduce", grad_b, pl)
-            out[prefix + "_rs3"] = net.time("reduce_scatter", grad_b / units, pl)
-            out[prefix + "_ag3"] = net.time("all_gather", param_b / units, pl)
-
-        shard_size = dp * cp
-        tpp = (tp * pp).astype(np.float64)
-        data_parallel(
-            "dp", _place(shard_size, tp, d), self._dense / tpp * w_bytes, self._c_tdense[c] / tpp * e
+        up = (col("up_bw"), col("up_lat"), col("up_eff"))
+        # No scale-out link: a group that spans domains is an invalid candidate; its time is unused.
+        none = np.isnan(col("out_bw"))
+        out_link = tuple(
+            np.where(none, u, o)
+            for u, o in zip(up, (col("out_bw"), col("out_lat"), col("out_eff")), strict=True)
         )
-        if self._expert:
-            tppe = (tp * pp * ep).astype(np.float64)
-            xdp = _place(shard_size // ep, tp * ep, d)
-            data_parallel("xdp", xdp, self._expert / tppe * w_bytes, self._c_texpert[c] / tppe * e)
-
-        model = self.model
-        b = mb.astype(np.float64)
-        s = float(self.base.seq_len)
-        h = float(model.hidden_size)
-        act_b = b * (s / cp) * h * e
-        # Each parallelism's collectives only where some candidate uses it (else they are 0).
-        if bool((tp > 1).any()):
-            tp_pl = _place(tp, np.ones(n, dtype=np.int64), d)
-            out["tp_ag"] = net.time("all_gather", act_b, tp_pl)
-            out["tp_rs"] = net.time("reduce_scatter", act_b, tp_pl)
-            out["tp_ar"] = net.time("all_reduce", act_b, tp_pl)
-        if bool((pp > 1).any()):
-            out["pp"] = net.time("send_recv", act_b / tp, _place(pp, tp * cp * dp, d))
-        if model.moe is not None and bool((ep > 1).any()):
-            local_tokens = b * s / cp / np.where(self._c_sp[c], tp, 1)
-            routed = local_tokens * model.moe.top_k * h * e * 1.0
-            out["ep"] = net.time("all_to_all", routed, _place(ep, tp, d))
-        if bool((cp > 1).any()):
-            cp_pl = _place(cp, tp, d)
-            kv_local = np.maximum(model.num_kv_heads / tp, 1.0)
-            kv = 2 * b * (s / cp) * kv_local * model.head_dim * e
-            out["cp_fwd"] = net.time("send_recv", kv, cp_pl)
-            out["cp_bwd"] = net.time("send_recv", 2 * kv, cp_pl)
+        shapes = group_shapes(tp, cp, dp, ep, pp)
+        placed: dict[str, tuple[IntArray, IntArray]] = {}
+        out: dict[str, FloatArray] = {}
+        zeros = np.zeros(n, dtype=np.int64)
+        for t in self._traffic(c, dp, zeros, zeros + 1):
+            if t.group not in placed:
+                g_size, g_stride = (np.asarray(v, dtype=np.int64) for v in shapes[t.group])
+                placed[t.group] = (g_size, np.asarray(ranks_per_domain(g_size, g_stride, d), dtype=np.int64))
+            size, local = placed[t.group]
+            if not bool((size > 1).any()):
+                out[t.name] = np.zeros(n)
+                continue
+            nbytes = np.broadcast_to(np.asarray(t.buffer_bytes, dtype=np.float64), (n,))
+            out[t.name] = np.asarray(collective_time_s(t.kind, nbytes, size, local, up, cast(Any, out_link)))
         return {name: x[of] for name, x in out.items()}
 
     def _twin_rows(self, seg: Segments) -> IntArray:
@@ -1582,11 +1605,11 @@ class BulkEvaluator:
         devices = cand.devices
         acc = cand.acc
         cp = self._c_int["cp"][core]
-        mf = m.astype(np.float64)
+        pp = self._c_int["pp"][core]
         # --- accelerator constants and per-micro-batch compute --------------------------------
         afk = acc * len(self._fkeys) + self._c_fkey[core]  # (accelerator, compute key), flattened
         tt = self._time_tables(afk)
-        t_f, t_b, t_r = (tt[j].reshape(-1)[afk] for j in range(3))
+        t_f, t_b, t_r, a_f, a_b, g_f, g_b, g_r = (tt[j].reshape(-1)[afk] for j in range(8))
         api = acc * len(self._precs) + self._c_prec[core]  # (accelerator, precision), flattened
         ac = self._accel_arrays(api)
 
@@ -1594,199 +1617,78 @@ class BulkEvaluator:
             return np.asarray(ac[name].reshape(-1)[api])
 
         bw = col("bw")
-        shard_size = dpi * cp
-
-        # --- bubble, optimizer, offload (timing.step_time) --------------------------------------
-        t_mb = t_f + t_b + t_r
-        p1 = self._c_p1[core]
-        div = self._c_bubble_div[core]
-
-        def pipeline_bubble(slot: FloatArray) -> FloatArray:
-            """(p − 1)·slot, over v (interleaved) or 3 (ZB-H1); 0 without a pipeline."""
-            return np.asarray(np.where(p1 == 0.0, 0.0, p1 * slot / div))
-
-        # Lower bound of the bubble: compute only (the exact bubble below adds communication).
-        bubble = pipeline_bubble(t_mb)
-        trained_shard = trainable / np.where(zero >= 1, shard_size, 1)
-        # timing.grad_accumulation_bytes: 0 for the "fused" accumulation of every planned layout
-        grad_accum_s = np.zeros(n)
-        update = trained_shard * self._c_update[core]
-        off = self._c_off[core]
-        optimizer_s = np.where(off == 0, update / bw, 0.0)
-        offload_s = np.zeros(n)
-        oi = np.flatnonzero(off != 0)  # the offload terms of the candidates that offload
-        if oi.size:
-            host_bw = col("host_bw")[oi]
-            shard_div = np.maximum(1, shard_size[oi])
-            grads_out = trainable[oi] * 2.0 / shard_div
-            has_host = host_bw > 0
-            safe_host = np.where(has_host, host_bw, 1.0)
-            transfer = np.where(has_host, (grads_out + grads_out) / safe_host, 0.0)
-            off_s = transfer + update[oi] / HOST_MEMORY_BYTES_PER_S
-            wts = params_dev[oi] * 2.0 / shard_div
-            passes = np.where(self._c_refetch[core[oi]], 3, 2)
-            mo = mf[oi]
-            extra = np.maximum(0.0, mo * passes * wts / safe_host - mo * (t_f[oi] + t_b[oi]))
-            offload_s[oi] = np.where((off[oi] == 2) & has_host, off_s + extra, off_s)
-
-        forward_s = mf * t_f
-        backward_s = mf * t_b
-        recompute_s = mf * t_r
-        if bound_only:
-            return {"bound": 0 + forward_s + backward_s + recompute_s + bubble + optimizer_s + offload_s}
-
-        tp = self._c_int["tp"][core]
-        pp = self._c_int["pp"][core]
-        ep = self._c_int["ep"][core]
-        v = self._c_int["virtual_stages"][core]
-        full = self._c_full[core]
-        a_f, a_b = (tt[j].reshape(-1)[afk] for j in (3, 4))
-        peak_fl = col("peak")
-        price = col("price")
-        tdp = col("tdp")
-
-        # --- collectives (comm.step_collectives on comm.group_placement) ----------------------
-        call = self._collectives(acc, dpi, core)  # per-call times
-        mi = m
-        zero_f = zero
-        dp_colls: list[tuple[FloatArray, str, BoolArray]] = []  # (time, overlap, per-micro-batch)
-
-        def data_parallel(prefix: str, size: IntArray) -> None:
-            on = size > 1
-            one = np.ones(n, dtype=np.int64)
-            rs, ag, ar = call[prefix + "_rs"], call[prefix + "_ag"], call[prefix + "_ar"]
-            rs3, ag3 = call[prefix + "_rs3"], call[prefix + "_ag3"]
-            calls3 = mi * call["z3_units"]
-            # zero 0: all-reduce of gradients once per step, behind backward
-            z0 = on & (zero_f == 0)
-            dp_colls.append((ar * 1 * z0, "backward", one >= mi))
-            z12 = on & ((zero_f == 1) | (zero_f == 2))
-            rs_calls = np.where(zero_f == 1, 1, mi)
-            dp_colls.append((rs * rs_calls * z12, "backward", rs_calls >= mi))
-            dp_colls.append((ag * 1 * z12, "none", one >= mi))
-            z3 = on & (zero_f == 3)
-            dp_colls.append((ag3 * calls3 * z3, "forward", mi >= mi))
-            dp_colls.append((ag3 * calls3 * z3, "backward", mi >= mi))
-            dp_colls.append((rs3 * calls3 * z3, "backward", mi >= mi))
-
-        data_parallel("dp", shard_size)
-        if self._expert:
-            data_parallel("xdp", shard_size // ep)
-
-        model = self.model
-        layers = -(-model.num_layers // pp)
-        sp = self._c_sp[core]
-        tp_s = np.zeros(n)
-        if "tp_ag" in call:
-            per_pass = 2 * layers * mi
-            tp_on = (tp > 1) & (layers > 0)
-            ag = call["tp_ag"] * per_pass
-            rs = call["tp_rs"] * per_pass
-            ar = call["tp_ar"] * per_pass
-            ag_sp, rs_sp, ar_no = np.where(sp, ag, 0.0), np.where(sp, rs, 0.0), np.where(sp, 0.0, ar)
-            # the recompute's closing reductions: less those early stop skips
-            # (comm.recompute_skipped_tp_reductions of the stage's layers, the plan's recipe)
-            closing = per_pass - self._c_tp_skips[core] * mi
-            rs_r = np.where(sp, call["tp_rs"] * closing, 0.0)
-            ar_r = np.where(sp, 0.0, call["tp_ar"] * closing)
-            # forward, backward (+ re-gather with SP), recompute (full only); summed in that order
-            tp_s = tp_s + ag_sp + rs_sp + ar_no
-            tp_s = tp_s + ag_sp + rs_sp + ag_sp + ar_no
-            tp_s = tp_s + np.where(full, ag_sp, 0.0) + np.where(full, rs_r, 0.0) + np.where(full, ar_r, 0.0)
-            tp_s = np.where(tp_on, tp_s, 0.0)
-
-        pp_s = np.zeros(n)
-        if "pp" in call:
-            pp_s = np.where(pp > 1, call["pp"] * (2 * v * mi), 0.0)
-
-        ep_s = np.zeros(n)
-        if "ep" in call:
-            moe_layers = -(-model.num_moe_layers // pp)
-            one_pass = call["ep"] * (2 * moe_layers * mi)
-            ep_s = np.where(full, one_pass + one_pass + one_pass, one_pass + one_pass)
-            ep_s = np.where((ep > 1) & (moe_layers > 0), 0.0 + ep_s, 0.0)
-
-        exposed_cp = np.zeros(n)
-        if "cp_fwd" in call:
-            steps = (cp - 1) * layers * mi
-            cp_fwd = call["cp_fwd"] * steps
-            cp_bwd = call["cp_bwd"] * steps
-            cp_bwd = cp_bwd + np.where(self._c_rc_any[core], cp_fwd, 0.0)
-            cp_on = (cp > 1) & (layers > 0)
-            exposed_cp = np.maximum(0.0, cp_fwd - a_f * mf) + np.maximum(0.0, cp_bwd - a_b * mf)
-            exposed_cp = np.where(cp_on, exposed_cp, 0.0)
-
-        exposed_dp = np.zeros(n)
-        accumulating = mi > 1
-        for phase, window in (("forward", t_f + t_r), ("backward", t_b)):
-            per_mb = np.zeros(n)
-            per_step_t = np.zeros(n)
-            for t, ov, many in dp_colls:
-                if ov != phase:
-                    continue
-                is_mb = many & accumulating
-                per_mb = per_mb + np.where(is_mb, t, 0.0)
-                per_step_t = per_step_t + np.where(is_mb, 0.0, t)
-            exposed_dp = exposed_dp + (
-                np.maximum(0.0, per_mb - mf * window) + np.maximum(0.0, per_step_t - window)
-            )
-        none_sum = np.zeros(n)
-        for t, ov, _ in dp_colls:
-            if ov == "none":
-                none_sum = none_sum + t
-        exposed_dp = exposed_dp + none_sum
-
-        # The exact bubble: a pipeline slot holds the stage's compute and its critical-path
-        # TP / EP / PP communication (timing.step_time); the bound above used compute alone.
-        bubble = pipeline_bubble(t_mb + (tp_s + ep_s + pp_s) / mf)
-
-        step_s = (
-            0
-            + forward_s
-            + backward_s
-            + recompute_s
-            + tp_s
-            + ep_s
-            + exposed_cp
-            + pp_s
-            + exposed_dp
-            + bubble
-            + grad_accum_s
-            + optimizer_s
-            + offload_s
+        opts = self.options
+        shard = dpi * cp
+        grad_accum = grad_accumulation_bytes_n(
+            opts.grad_accumulation,
+            trainable,
+            self._c_e[core],
+            self._c_fp32_main[core],
+            zero,
+            shard,
+            m,
         )
-        compute_s = mf * t_mb
+        timed: list[_Timed] = []
+        if not bound_only:
+            call = self._collectives(acc, dpi, core)  # per-call times
+            for t in self._traffic(core, dpi, zero, m):
+                timed.append(
+                    _Timed(
+                        group=t.group,
+                        kind=t.kind,
+                        phase=t.phase,
+                        overlappable_with=t.overlap,
+                        calls=t.calls,
+                        time_s=traffic_time_s(t, call[t.name]),
+                    )
+                )
+        x = StepInputs(
+            micro_batches=m,
+            t_f=t_f,
+            t_b=t_b,
+            t_r=t_r,
+            gemm_f=g_f,
+            gemm_b=g_b,
+            gemm_r=g_r,
+            attn_f=a_f,
+            attn_b=a_b,
+            collectives=timed,
+            pp=pp,
+            bubble_divisor=self._c_bubble_div[core],
+            zero=zero,
+            shard=shard,
+            trainable_params_on_device=trainable,
+            params_on_device=params_dev,
+            update_bytes_per_param=self._c_update[core],
+            hbm_bytes_per_s=bw,
+            host_bytes_per_s=col("host_bw"),
+            offload=self._c_off[core],
+            weight_refetches=np.where(self._c_refetch[core], 3, 2),
+            grad_accum_bytes=grad_accum,
+            tp_comm_overlap=opts.tp_comm_overlap and self._c_sp[core],
+            pp_comm_overlap=opts.pp_comm_overlap,
+            overlap_grad_reduce=opts.overlap_grad_reduce,
+        )
+        if bound_only:
+            return {"bound": np.asarray(step_lower_bound_s(x))}
+        terms = step_terms(x)
+        step_s = terms["step_s"]
 
         # --- throughput and run (timing.throughput, cost.run_cost) ------------------------------
-        tokens_step = self._tokens_per_step
-        tps = tokens_step / step_s
-        denom = devices * peak_fl * step_s
-        mfu = self._c_model_flops[core] / denom
+        tps = self._tokens_per_step / step_s
+        mfu = flops_utilisation(self._c_model_flops[core], devices, col("peak"), step_s)
         tokens = self.base.tokens
-        time_s = np.full(n, np.nan) if tokens is None else tokens / tps
-        dev_f = devices.astype(np.float64)
-        device_hours = dev_f * time_s / SECONDS_PER_HOUR
-        cost = device_hours * price
-        busy = np.where(step_s > 0, compute_s / step_s, 0.0)
-        idle = IDLE_POWER_FRACTION * tdp
-        power = idle + (tdp - idle) * busy
-        energy = dev_f * power * time_s / 3.6e6 * self.pue
-
-        return {
-            "compute_s": compute_s,
-            "forward_s": forward_s,
-            "backward_s": backward_s,
-            "recompute_s": recompute_s,
-            "exposed_tp_s": tp_s,
-            "exposed_ep_s": ep_s,
-            "exposed_cp_s": exposed_cp,
-            "pp_p2p_s": pp_s,
-            "exposed_dp_s": exposed_dp,
-            "bubble_s": bubble,
-            "grad_accum_s": grad_accum_s,
-            "optimizer_s": optimizer_s,
-            "offload_s": offload_s,
-            "step_s": step_s,
+        power = average_power_w(col("tdp"), terms["compute_s"], step_s)
+        time_s, device_hours, cost, energy = run_totals(
+            np.nan if tokens is None else tokens,
+            tps,
+            devices,
+            price=col("price"),
+            power_w=power,
+            pue=self.pue,
+        )
+        out = {name: np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)) for name, v in terms.items()}
+        run = {
             "tokens_per_s": tps,
             "mfu": mfu,
             "time_s": time_s,
@@ -1794,6 +1696,19 @@ class BulkEvaluator:
             "cost_usd": cost,
             "energy_kwh": energy,
         }
+        return out | {name: np.asarray(v, dtype=np.float64) for name, v in run.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Timed:
+    """A collective of ``comm.step_traffic`` with its seconds per step (``timing.TimedCollective``)."""
+
+    group: str
+    kind: str
+    phase: str | None
+    overlappable_with: str
+    calls: Any
+    time_s: Any
 
 
 def _pass(
@@ -1856,123 +1771,6 @@ def _array_memory(values: dict[str, FloatArray], capacity: FloatArray, *, grads_
         params_on_device=0,
         trainable_params_on_device=0,
     )
-
-
-# --- vectorised placement and alpha-beta collectives (mirror comm.py) ------------------------
-@dataclass(frozen=True, kw_only=True)
-class _Placement:
-    """``comm.place_group`` on arrays: level 0 none, 1 scale-up, 2 scale-out, 3 hierarchical."""
-
-    size: IntArray
-    n_local: IntArray  # ranks per domain used by Network.time_s (the group size on scale-up)
-    level: IntArray
-
-
-def _place(size: IntArray, stride: IntArray, d: IntArray) -> _Placement:
-    """``comm.place_group``: ranks ``0, stride, ...`` on domains of ``d`` consecutive ranks.
-
-    The number of the group's ranks in the first domain is ``min(size, ceil(d / stride))`` in all
-    three branches of the scalar function (``stride >= d`` gives 1; ``stride | d`` gives ``d/stride``).
-    """
-    size = np.asarray(size, dtype=np.int64)
-    local = np.minimum(size, -(-d // stride))
-    domains = -(-size // local)
-    level = np.where(size == 1, 0, np.where(domains == 1, 1, np.where(local == 1, 2, 3)))
-    n_local = np.where(level == 1, size, local)
-    return _Placement(size=size, n_local=n_local, level=level)
-
-
-def _bus(kind: str, g: IntArray) -> FloatArray:
-    gf = g.astype(np.float64)
-    safe = np.maximum(gf, 1.0)
-    f = 2.0 * (gf - 1) / safe if kind == "all_reduce" else (gf - 1) / safe
-    return np.where(g <= 1, 0.0, f)
-
-
-def _steps(kind: str, g: IntArray) -> IntArray:
-    s = 2 * (g - 1) if kind == "all_reduce" else g - 1
-    return np.where(g <= 1, 0, s)
-
-
-class _Net:
-    """``comm.Network.time_s`` on arrays (per-candidate link figures).
-
-    What depends only on a group's placement (its links, the outer rank count, the bus factors
-    and step latencies of each level) is computed once per placement and reused by every
-    collective on it; the arithmetic per element is the scalar function's, in its order.
-    """
-
-    def __init__(
-        self,
-        up_bw: FloatArray,
-        up_lat: FloatArray,
-        up_eff: FloatArray,
-        out_bw: FloatArray,
-        out_lat: FloatArray,
-        out_eff: FloatArray,
-    ) -> None:
-        self.up = (up_bw, up_lat, up_eff)
-        self.out = (out_bw, out_lat, out_eff)
-        # per placement; the placement is kept in the entry so that its id is not reused
-        self._memo: dict[tuple[object, ...], tuple[Any, ...]] = {}
-
-    def _links(self, pl: _Placement) -> tuple[Any, ...]:
-        """(outer rank count, the outer link, the link of a one-level group, no traffic)."""
-        key = ("links", id(pl))
-        got = self._memo.get(key)
-        if got is None:
-            on_up = pl.level == 1
-            out = tuple(np.where(on_up, u, o) for u, o in zip(self.up, self.out, strict=True))
-            n_o = -(-pl.size // pl.n_local)
-            one = tuple(np.where(n_o == 1, u, o) for u, o in zip(self.up, out, strict=True))
-            got = self._memo[key] = (n_o, out, one, pl.level == 0, pl)
-        return got
-
-    def _flat(self, kind: str, n_bytes: FloatArray, pl: _Placement, level: str) -> FloatArray:
-        """``comm._flat_s`` (steps·α + bus_factor·n_bytes / (β·efficiency), 0 when nothing moves)
-        over the ranks of one domain (``level`` "local": n_local ranks on the
-        scale-up link), across domains ("outer": the outer rank count on the outer link) or over
-        the whole group on one link ("one")."""
-        key = (kind == "all_reduce", level, id(pl))
-        got = self._memo.get(key)
-        if got is None:
-            n_o, out, one, _, _ = self._links(pl)
-            g, (bw, lat, eff) = {"local": (pl.n_local, self.up), "outer": (n_o, out), "one": (pl.size, one)}[
-                level
-            ]
-            got = self._memo[key] = (_bus(kind, g), _steps(kind, g) * lat, bw * eff, pl)
-        bus, steps_lat, bw_eff, _ = got
-        volume = bus * n_bytes
-        return np.asarray(np.where(volume == 0.0, 0.0, steps_lat + volume / bw_eff))
-
-    def time(self, kind: str, n_bytes: FloatArray, pl: _Placement) -> FloatArray:
-        n_bytes = np.broadcast_to(np.asarray(n_bytes, dtype=np.float64), pl.size.shape)
-        n_o, out, one, silent, _ = self._links(pl)
-        up = self.up
-        g = pl.size
-        n_l = pl.n_local
-        if kind == "send_recv":
-            t = np.where(n_bytes == 0.0, 0.0, 1 * one[1] + n_bytes / (one[0] * one[2]))
-        elif kind == "all_to_all":
-            flat = self._flat(kind, n_bytes, pl, "one")
-            gf = g.astype(np.float64)
-            intra = (n_l - 1) / gf * n_bytes / (up[0] * up[2])
-            inter = (g - n_l) / gf * n_bytes / (out[0] * out[2])
-            two = np.maximum(intra, inter) + (n_l - 1) * up[1] + (g - n_l) * out[1]
-            t = np.where((n_o == 1) | (n_l == 1), flat, two)
-        else:
-            shard = n_bytes / n_l
-            # NCCL's ring latency: (n_l − 1)(n_o − 1) scale-up steps more than the two phases
-            ring_extra = (n_l - 1) * (n_o - 1) * up[1]
-            if kind == "reduce_scatter":
-                t = self._flat(kind, n_bytes, pl, "local") + self._flat(kind, shard, pl, "outer") + ring_extra
-            elif kind == "all_gather":
-                t = self._flat(kind, shard, pl, "outer") + self._flat(kind, n_bytes, pl, "local") + ring_extra
-            else:
-                # reduce-scatter and all-gather within the domain move the same bytes: one value
-                local = self._flat("reduce_scatter", n_bytes, pl, "local")
-                t = local + self._flat("all_reduce", shard, pl, "outer") + local
-        return np.asarray(np.where(silent | (n_bytes == 0.0), 0.0, t))
 
 
 __all__ = [

@@ -32,7 +32,7 @@ from trainplan.errors import TrainplanError
 from trainplan.estimate import Estimate, estimate
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
-from trainplan.layout import Layout
+from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.bulk import (
     INVALID_REASONS,
@@ -44,6 +44,7 @@ from trainplan.planner.bulk import (
     Segments,
 )
 from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, Offload, Precision, Recipe, Recompute
+from trainplan.terms import TERM_GROUPS, TIME_TERMS
 from trainplan.units import fmt_bytes, fmt_duration
 
 Objective = Literal["time", "cost", "balanced"]
@@ -73,6 +74,9 @@ class SearchSpace:
     device_counts: tuple[int, ...] | None = None  # explicit counts instead of the default ladder
     max_tp: int = 16
     max_pp: int = 16
+    layout_options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS
+    """Engine options applied to every candidate where they mean something, not searched
+    (``LayoutOptions.for_candidate``); the plan's notes name them."""
 
     def __post_init__(self) -> None:
         if not self.micro_batches or any(b <= 0 for b in self.micro_batches):
@@ -457,6 +461,7 @@ class _Context:
     pue: float
     cand: Candidates
     res: BulkResult
+    options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS
 
 
 def _scalar(ctx: _Context, i: int) -> Estimate:
@@ -467,7 +472,7 @@ def _scalar(ctx: _Context, i: int) -> Estimate:
         System(accelerator=ctx.accs[a], num_devices=n),
         ctx.model,
         core.recipe(ctx.base),
-        core.layout(dp, zero),
+        core.layout(dp, zero, ctx.options),
         price_usd_per_device_hour=ctx.prices[a],
         provider=None,
         pue=ctx.pue,
@@ -514,19 +519,20 @@ def _binds(est: Estimate) -> list[str]:
         out.append(f"memory: {100 * frac:.0f}% of {fmt_bytes(mem.capacity_bytes)} per device ({terms})")
     t = est.time
     step = t.step_s
+    # the registry's groups (trainplan.terms), not a second list of the terms
+    by_group = dict.fromkeys(TERM_GROUPS, 0.0)
+    for term in TIME_TERMS:
+        by_group[term.group] += getattr(t, term.key)
     comm = {
-        "tensor-parallel": t.exposed_tp_s,
-        "expert all-to-all": t.exposed_ep_s,
-        "context-parallel": t.exposed_cp_s,
-        "pipeline send/recv": t.pp_p2p_s,
-        "data-parallel/ZeRO": t.exposed_dp_s,
+        term.label.removesuffix(" (exposed)"): getattr(t, term.key)
+        for term in TIME_TERMS
+        if term.group == "communication"
     }
-    comm_s = sum(comm.values())
     groups = {
-        "compute": t.compute_s,
-        "interconnect": comm_s,
-        "pipeline bubble": t.bubble_s,
-        "gradient accumulation / optimizer step / offload": t.grad_accum_s + t.optimizer_s + t.offload_s,
+        "compute": by_group["compute"],
+        "interconnect": by_group["communication"],
+        "pipeline bubble": by_group["bubble"],
+        "gradient accumulation / optimizer step / offload": by_group["optimizer"] + by_group["offload"],
     }
     name, val = max(groups.items(), key=lambda kv: kv[1])
     if name == "compute":
@@ -659,7 +665,7 @@ class _Planner:
 
     def est_layout(self, j: int) -> str:
         *_, dp, zero, c = self.ctx.cand.at(j)
-        return self.ctx.cores[c].layout(dp, zero).describe()
+        return self.ctx.cores[c].layout(dp, zero, self.ctx.options).describe()
 
     def alternatives(self, i: int, ranked: Sequence[int]) -> list[str]:
         a, n = self.fig.acc[i], self.fig.devices[i]
@@ -756,7 +762,12 @@ def plan(
     pruned: dict[str, int] = {}
     skipped: dict[str, str] = {}
     cand = enumerate_candidates(cores, accs, space, pruned, skipped, base.global_batch)
-    ev = BulkEvaluator(model, base, cores, accs, acc_prices, pue=pue)
+    ev = BulkEvaluator(model, base, cores, accs, acc_prices, pue=pue, options=space.layout_options)
+    notes.append(
+        "not searched, applied to every candidate where it applies: overlap_grad_reduce, "
+        "tp_comm_overlap, pp_comm_overlap, zero3_granularity, grad_accumulation "
+        f"({space.layout_options.describe()})"
+    )
     res = ev.evaluate(cand, prune_slower=True) if len(cand) else None
     if res is None:
         raise TrainplanError(
@@ -772,6 +783,7 @@ def plan(
         pue=pue,
         cand=cand,
         res=res,
+        options=space.layout_options,
     )
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
     pruned[k_dom] = int(res.dominated.sum())

@@ -1,0 +1,121 @@
+"""Numbers that are floats for one estimate and numpy arrays for a million planner candidates.
+
+Every cost term is written once, over ``Num``: :func:`trainplan.estimate.estimate` calls it with
+Python floats (and ints and bools), the planner (``planner/bulk.py``) with arrays of one element per
+candidate. The few operations a term needs that Python spells differently for the two — a
+conditional, an element-wise maximum — are here; the arithmetic operators (``+ - * / //``,
+comparisons, ``&`` ``|`` on bools) already mean the same on both.
+
+This module never imports numpy at import time: a float-only caller (``trainplan estimate``) does
+not load it; an array argument means numpy is loaded already.
+
+Rules for a term written over ``Num``:
+
+* no ``if`` on a value that may be an array: use :func:`where` (both branches are evaluated, so
+  neither may raise: guard divisions with :func:`safe_div`);
+* ``max``/``min`` of two values: :func:`maximum` / :func:`minimum`;
+* ``⌈a / b⌉`` of integers: :func:`ceil_div`;
+* a condition of a scalar caller is a Python ``bool``, of an array caller a bool array.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    Num: TypeAlias = float | npt.NDArray[Any]
+    """A float (one candidate) or a float array (one element per candidate)."""
+    Int: TypeAlias = int | npt.NDArray[Any]
+    Bool: TypeAlias = bool | npt.NDArray[Any]
+else:
+    Num = Any
+    Int = Any
+    Bool = Any
+
+
+def _np() -> Any:
+    return sys.modules["numpy"] if "numpy" in sys.modules else __import__("numpy")
+
+
+def is_scalar(*values: object) -> bool:
+    """True when none of ``values`` is an array (the scalar ``estimate`` path)."""
+    return all(isinstance(v, int | float | bool) for v in values)
+
+
+def where(cond: Bool, a: Num, b: Num) -> Num:
+    """``a if cond else b`` element by element (``numpy.where`` on arrays)."""
+    if isinstance(cond, bool):
+        return a if cond else b
+    return cast("Num", _np().where(cond, a, b))
+
+
+def logical_not(x: Bool) -> Bool:
+    """``not x`` element by element (``~`` on a Python bool is the integer −2, never use it)."""
+    if isinstance(x, bool):
+        return not x
+    return cast("Bool", _np().logical_not(x))
+
+
+def maximum(a: Num, b: Num) -> Num:
+    """Element-wise maximum (``max`` on scalars, ``numpy.maximum`` on arrays)."""
+    if is_scalar(a, b):
+        return a if a >= b else b
+    return cast("Num", _np().maximum(a, b))
+
+
+def minimum(a: Num, b: Num) -> Num:
+    """Element-wise minimum (``min`` on scalars, ``numpy.minimum`` on arrays)."""
+    if is_scalar(a, b):
+        return a if a <= b else b
+    return cast("Num", _np().minimum(a, b))
+
+
+def ceil_div(a: Int, b: Int) -> Int:
+    """``⌈a / b⌉`` of positive integers, exact (``-(-a // b)``) on ints and int arrays alike."""
+    return -(-a // b)
+
+
+def safe_div(a: Num, b: Num) -> Num:
+    """``a / b`` where ``b != 0``, else 0 (both branches of a :func:`where` are evaluated)."""
+    if is_scalar(a, b):
+        return a / b if b != 0 else 0.0
+    np = _np()
+    b_arr = np.asarray(b, dtype=np.float64)
+    return cast(
+        "Num", np.where(b_arr != 0, np.asarray(a, dtype=np.float64) / np.where(b_arr != 0, b_arr, 1.0), 0.0)
+    )
+
+
+def as_float(x: Num) -> Num:
+    """``float(x)`` for a scalar, a float64 array otherwise."""
+    if is_scalar(x):
+        return float(x)
+    return cast("Num", _np().asarray(x, dtype=_np().float64))
+
+
+def total(values: Iterable[Num]) -> Num:
+    """Left-to-right sum of an iterable of ``Num`` starting at ``0.0`` (the order ``sum`` uses)."""
+    out: Num = 0.0
+    for v in values:
+        out = out + v
+    return out
+
+
+__all__ = [
+    "Bool",
+    "Int",
+    "Num",
+    "as_float",
+    "ceil_div",
+    "is_scalar",
+    "logical_not",
+    "maximum",
+    "minimum",
+    "safe_div",
+    "total",
+    "where",
+]
