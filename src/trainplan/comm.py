@@ -560,6 +560,8 @@ class Traffic:
 
 def traffic_time_s(t: Traffic, per_call_s: Num) -> Num:
     """Seconds per step of ``t`` given the network time of one call (0 stays 0)."""
+    if t.copies_per_call_s.__class__ is float and t.copies_per_call_s == 0.0:
+        return per_call_s * t.calls  # per-call times are >= 0: nothing to guard
     return where(per_call_s > 0.0, per_call_s + t.copies_per_call_s, 0.0) * t.calls
 
 

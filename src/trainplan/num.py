@@ -41,15 +41,20 @@ def _np() -> Any:
     return sys.modules["numpy"] if "numpy" in sys.modules else __import__("numpy")
 
 
+_SCALAR_TYPES: frozenset[type] = frozenset((int, float, bool))
+
+
 def is_scalar(*values: object) -> bool:
     """True when none of ``values`` is an array (the scalar ``estimate`` path)."""
-    return all(isinstance(v, int | float | bool) for v in values)
+    return all(v.__class__ in _SCALAR_TYPES or isinstance(v, int | float) for v in values)
 
 
 def where(cond: Bool, a: Num, b: Num) -> Num:
     """``a if cond else b`` element by element (``numpy.where`` on arrays)."""
-    if isinstance(cond, bool):
-        return a if cond else b
+    if cond is True:
+        return a
+    if cond is False:
+        return b
     return cast("Num", _np().where(cond, a, b))
 
 
@@ -62,14 +67,18 @@ def logical_not(x: Bool) -> Bool:
 
 def maximum(a: Num, b: Num) -> Num:
     """Element-wise maximum (``max`` on scalars, ``numpy.maximum`` on arrays)."""
-    if is_scalar(a, b):
+    if (a.__class__ in _SCALAR_TYPES or isinstance(a, int | float)) and (
+        b.__class__ in _SCALAR_TYPES or isinstance(b, int | float)
+    ):
         return a if a >= b else b
     return cast("Num", _np().maximum(a, b))
 
 
 def minimum(a: Num, b: Num) -> Num:
     """Element-wise minimum (``min`` on scalars, ``numpy.minimum`` on arrays)."""
-    if is_scalar(a, b):
+    if (a.__class__ in _SCALAR_TYPES or isinstance(a, int | float)) and (
+        b.__class__ in _SCALAR_TYPES or isinstance(b, int | float)
+    ):
         return a if a <= b else b
     return cast("Num", _np().minimum(a, b))
 
@@ -92,7 +101,7 @@ def safe_div(a: Num, b: Num) -> Num:
 
 def as_float(x: Num) -> Num:
     """``float(x)`` for a scalar, a float64 array otherwise."""
-    if is_scalar(x):
+    if x.__class__ in _SCALAR_TYPES or isinstance(x, int | float):
         return float(x)
     return cast("Num", _np().asarray(x, dtype=_np().float64))
 

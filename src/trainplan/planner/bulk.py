@@ -1632,6 +1632,8 @@ class BulkEvaluator:
         if not bound_only:
             call = self._collectives(acc, dpi, core)  # per-call times
             for t in self._traffic(core, dpi, zero, m):
+                if t.calls.__class__ is int and t.calls == 0:
+                    continue  # not issued by any candidate (a fixed option turns it off)
                 timed.append(
                     _Timed(
                         group=t.group,
