@@ -31,13 +31,16 @@ in two named terms (:func:`tp_embedding_grad_extra_params`, :func:`sp_saves_gath
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import RecipeError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
+from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
 from trainplan.recipe import LORA_TARGETS, Recipe
 from trainplan.sac import block_linears, check_sac
 from trainplan.sharding import DeviceParams, Linear, device_params, layer_kinds, stage_layers
@@ -675,14 +678,24 @@ def inflight_microbatches(layout: Layout, stage: int, num_microbatches: int) -> 
     micro-batches' worth (Korthikanti Sec. 4.2.3). Zero-bubble ZB-H1 (Qi et al. 2023) keeps the
     1F1B peak. Never more than the micro-batches in the step.
     """
+    return float(capped_inflight(held_microbatches(layout, stage), num_microbatches))
+
+
+def held_microbatches(layout: Layout, stage: int) -> float:
+    """The schedule's peak count of :func:`inflight_microbatches` before the cap by the step's
+    micro-batches: 1 without a pipeline, ``pp − i`` (1F1B, ZB-H1), ``(pp − i)·(1 + (pp−1)/(pp·v))``
+    (interleaved)."""
     pp = layout.pp
     if pp == 1:
         return 1.0
     if layout.pp_schedule == "interleaved":
-        held = (pp - stage) * (1 + (pp - 1) / (pp * layout.virtual_stages))
-    else:
-        held = float(pp - stage)
-    return min(held, float(num_microbatches))
+        return (pp - stage) * (1 + (pp - 1) / (pp * layout.virtual_stages))
+    return float(pp - stage)
+
+
+def capped_inflight(held: Num, num_microbatches: Int) -> Num:
+    """Never more in flight than the micro-batches in the step (over ``Num``)."""
+    return minimum(held, as_float(num_microbatches))
 
 
 def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[float, float]:
@@ -1033,6 +1046,81 @@ def _largest_trained_param(model: ModelSpec, recipe: Recipe, layout: Layout, dev
     return largest
 
 
+STATE_FIELD_NAMES: Final = {
+    "weights": "weights_bytes",
+    "gradients": "gradients_bytes",
+    "optimizer": "optimizer_bytes",
+    "master": "master_weights_bytes",
+    "quant_constants": "quant_constants_bytes",
+    "host": "host_bytes",
+    "optimizer_temp": "optimizer_temporaries_bytes",
+    "paged": "paged_optimizer_bytes",
+    "fsdp_root": "fsdp_root_bytes",
+    "fsdp_block": "fsdp_block_bytes",
+    "fsdp_next_block": "fsdp_next_block_bytes",
+    "fsdp_head_grad": "fsdp_head_grad_bytes",
+    "fsdp_block_reduce": "fsdp_block_reduce_bytes",
+    "fsdp_block_grad_shard": "fsdp_block_grad_shard_bytes",
+    "fsdp_root_grad": "fsdp_root_grad_bytes",
+    "fsdp_root_grad_shard": "fsdp_root_grad_shard_bytes",
+    "fsdp_root_unsharded_grad": "fsdp_root_unsharded_grad_bytes",
+    "fsdp_embedding_grad": "fsdp_embedding_grad_bytes",
+    "tp_embedding_grad": "tp_embedding_grad_bytes",
+    "tied_grad": "tied_grad_bytes",
+    "fsdp_tied_grad": "fsdp_tied_grad_bytes",
+}
+"""``_States`` field -> the ``MemoryBreakdown`` field it fills."""
+
+LOSS_FORWARD_FRACTION: Final = 0.75
+"""Forward of the unchunked loss: 6·b·s·V/t of FP32 logits / log-softmax buffers are alive
+(traced, ``trace/``), ¾ of the loss-backward transient; the same fraction is assumed for chunked
+losses."""
+
+
+def stage_memory_fields(
+    states: Mapping[str, Num],
+    *,
+    activations: Num,
+    logits_saved: Num,
+    logits_transient: Num,
+    recompute_transient: Num,
+    last_layer: Num,
+    block_input: Num,
+    input_grad: Num,
+    zero: Int,
+) -> dict[str, Num]:
+    """The ``MemoryBreakdown`` byte fields of one pipeline stage from its parts, over ``Num``
+    (``_stage_breakdown`` on floats, the planner on arrays):
+
+    * model states (``_model_states``: ``states`` keyed by ``_States`` field names);
+    * the transient at the start of backward: the largest of the loss backward, the recomputed
+      layer (full / sac recompute) and the optimizer step inside the backward;
+    * the loss-forward transient (:data:`LOSS_FORWARD_FRACTION` of the loss backward);
+    * the stage input's gradient at the end of backward, none under ZeRO-3 (FSDP2 frees it with
+      the root's reduce, traced).
+    """
+    out: dict[str, Num] = {STATE_FIELD_NAMES[k]: v for k, v in states.items() if k in STATE_FIELD_NAMES}
+    out |= {
+        "activations_bytes": activations,
+        "logits_bytes": logits_saved,
+        "transient_bytes": maximum(
+            maximum(logits_transient, recompute_transient), states["step_in_backward"]
+        ),
+        "last_layer_activations_bytes": last_layer,
+        "block_input_bytes": block_input,
+        "input_grad_bytes": where(zero == 3, 0.0, input_grad),
+        "loss_forward_bytes": LOSS_FORWARD_FRACTION * logits_transient,
+    }
+    return out
+
+
+def grads_live_at_backward_start(micro_batches: Int, optimizer_in_backward: bool) -> Bool:
+    """Gradients accumulate across micro-batches: from the second one on they are alive when a
+    backward starts (1F1B stages run backwards while later forwards are in flight); a step inside
+    the backward keeps its gradients' buffers live as well."""
+    return (micro_batches > 1) | optimizer_in_backward
+
+
 def _stage_breakdown(
     model: ModelSpec, recipe: Recipe, layout: Layout, stage: int, capacity_bytes: float, num_microbatches: int
 ) -> MemoryBreakdown:
@@ -1076,48 +1164,30 @@ def _stage_breakdown(
     logits_saved, logits_transient = (0.0, 0.0)
     if stage == layout.pp - 1:
         logits_saved, logits_transient = logits_bytes(model, recipe, layout)
+    fields = stage_memory_fields(
+        {f.name: getattr(st, f.name) for f in dataclasses.fields(st) if f.name != "trainable"},
+        activations=sum(act_terms.values()),
+        logits_saved=logits_saved,
+        logits_transient=logits_transient,
+        recompute_transient=largest_layer_full,
+        last_layer=last_layer,
+        block_input=block_input_bytes(model, recipe, layout) if dev.layers else 0.0,
+        input_grad=input_grad_bytes(model, recipe, layout, stage),
+        zero=layout.zero,
+    )
     return MemoryBreakdown(
-        weights_bytes=st.weights,
-        gradients_bytes=st.gradients,
-        optimizer_bytes=st.optimizer,
-        master_weights_bytes=st.master,
-        quant_constants_bytes=st.quant_constants,
-        activations_bytes=sum(act_terms.values()),
-        logits_bytes=logits_saved,
-        transient_bytes=max(logits_transient, largest_layer_full, st.step_in_backward),
-        optimizer_temporaries_bytes=st.optimizer_temp,
+        **cast(dict[str, Any], fields),
         comm_buffers_bytes=0.0,
         cuda_context_bytes=CUDA_CONTEXT_BYTES,
         capacity_bytes=capacity_bytes,
-        host_bytes=st.host,
         stage=stage,
-        # Gradients accumulate across micro-batches: from the second one on they are alive when a
-        # backward starts (1F1B stages run backwards while later forwards are in flight).
-        grads_live_at_backward_start=num_microbatches > 1 or recipe.optimizer_in_backward,
+        grads_live_at_backward_start=bool(
+            grads_live_at_backward_start(num_microbatches, recipe.optimizer_in_backward)
+        ),
         params_on_device=dev.total,
         trainable_params_on_device=st.trainable,
         activation_terms=act_terms,
-        paged_optimizer_bytes=st.paged,
-        last_layer_activations_bytes=last_layer,
-        block_input_bytes=block_input_bytes(model, recipe, layout) if dev.layers else 0.0,
-        input_grad_bytes=0.0 if layout.zero == 3 else input_grad_bytes(model, recipe, layout, stage),
-        # Forward of the unchunked loss: 6·b·s·V/t of FP32 logits / log-softmax buffers are alive
-        # (traced), ¾ of the loss-backward transient; the same fraction is assumed for chunked losses.
-        loss_forward_bytes=0.75 * logits_transient,
         fsdp=layout.zero == 3,
-        fsdp_root_bytes=st.fsdp_root,
-        fsdp_block_bytes=st.fsdp_block,
-        fsdp_next_block_bytes=st.fsdp_next_block,
-        fsdp_head_grad_bytes=st.fsdp_head_grad,
-        fsdp_block_reduce_bytes=st.fsdp_block_reduce,
-        fsdp_block_grad_shard_bytes=st.fsdp_block_grad_shard,
-        fsdp_root_grad_bytes=st.fsdp_root_grad,
-        fsdp_root_grad_shard_bytes=st.fsdp_root_grad_shard,
-        fsdp_root_unsharded_grad_bytes=st.fsdp_root_unsharded_grad,
-        fsdp_embedding_grad_bytes=st.fsdp_embedding_grad,
-        tp_embedding_grad_bytes=st.tp_embedding_grad,
-        tied_grad_bytes=st.tied_grad,
-        fsdp_tied_grad_bytes=st.fsdp_tied_grad,
     )
 
 

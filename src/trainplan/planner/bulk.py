@@ -87,8 +87,11 @@ from trainplan.memory import (
     _model_states,
     _stage_breakdown,
     _States,
-    inflight_microbatches,
+    capped_inflight,
+    grads_live_at_backward_start,
+    held_microbatches,
     logits_bytes,
+    stage_memory_fields,
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
@@ -599,7 +602,6 @@ class BulkResult:
 _STATE_FIELDS: Final = tuple(
     f.name for f in dataclasses.fields(_States) if f.name != "trainable"
 )  # every float field of memory._States
-_FSDP_FIELDS: Final = tuple(f for f in _STATE_FIELDS if f.startswith("fsdp_"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -893,7 +895,7 @@ class BulkEvaluator:
                 one = ones.get(okey)
                 if one is None:
                     one = ones[okey] = _stage_breakdown(model, recipe, layout, stage, float("inf"), 1)
-                hd = float(inflight_microbatches(layout, stage, big))
+                hd = held_microbatches(layout, stage)
                 slope = 0.0
                 if hd > 1.0:
                     mkey = (*okey, hd)
@@ -1332,7 +1334,7 @@ class BulkEvaluator:
             return np.asarray(self._sA[j][k][cz] + self._sB[j][k][cz] / dp)
 
         capacity = np.full(n, np.inf)  # the peak does not depend on the capacity
-        grads_live = (m > 1) | self.base.optimizer_in_backward
+        grads_live = grads_live_at_backward_start(m, self.base.optimizer_in_backward)
         # memory._stage_breakdown: a block's input x (FSDP2 moments) and the gradient of each
         # stage's input at the end of backward (0 under ZeRO-3), per core and stage (first, last).
         io = self.__dict__.get("_core_input_bytes")
@@ -1352,30 +1354,21 @@ class BulkEvaluator:
             io = self.__dict__["_core_input_bytes"] = np.array(rows, dtype=np.float64).reshape(-1, 3)
         stage_vals = []
         for k in (0, 1):
-            infl = np.minimum(self._held[core, k], mf)
+            infl = capped_inflight(self._held[core, k], mf)
             act = self._act1[core, k] + self._act_slope[core, k] * (infl - 1.0)
-            # memory._stage_breakdown: max(loss backward, recomputed layer, step in backward); the
-            # first two come from the ZeRO-0 breakdown. The FSDP2 moments are their own phases.
-            transient = np.maximum(self._transient[core, k], field(k, "step_in_backward"))
-            values = {
-                "weights_bytes": field(k, "weights"),
-                "gradients_bytes": field(k, "gradients"),
-                "optimizer_bytes": field(k, "optimizer"),
-                "master_weights_bytes": field(k, "master"),
-                "quant_constants_bytes": field(k, "quant_constants"),
-                "activations_bytes": act,
-                "logits_bytes": self._logits[core, k],
-                "transient_bytes": transient,
-                "optimizer_temporaries_bytes": field(k, "optimizer_temp"),
-                "host_bytes": field(k, "host"),
-                "paged_optimizer_bytes": field(k, "paged"),
-                "last_layer_activations_bytes": self._last_layer[core, k],
-                "loss_forward_bytes": 0.75 * self._loss_transient[core, k],
-                "block_input_bytes": io[core, 0],
-                "input_grad_bytes": np.where(zero == 3, 0.0, io[core, 1 + k]),
-                "tied_grad_bytes": field(k, "tied_grad"),
-            }
-            values |= {f"{name}_bytes": field(k, name) for name in _FSDP_FIELDS}
+            # memory.stage_memory_fields composes the stage (its transient: the loss backward,
+            # the recomputed layer or the step inside the backward; the FSDP2 moments are phases)
+            values = stage_memory_fields(
+                {name: field(k, name) for name in _STATE_FIELDS},
+                activations=act,
+                logits_saved=self._logits[core, k],
+                logits_transient=self._loss_transient[core, k],
+                recompute_transient=self._transient[core, k],
+                last_layer=self._last_layer[core, k],
+                block_input=io[core, 0],
+                input_grad=io[core, 1 + k],
+                zero=zero,
+            )
             per_dev = np.where(
                 grads_live,
                 _array_memory(values, capacity, grads_live=True).per_device_bytes,
@@ -1761,7 +1754,7 @@ class _ArrayMemory(MemoryBreakdown):
         return out
 
 
-def _array_memory(values: dict[str, FloatArray], capacity: FloatArray, *, grads_live: bool) -> _ArrayMemory:
+def _array_memory(values: Mapping[str, Any], capacity: FloatArray, *, grads_live: bool) -> _ArrayMemory:
     fields = cast(dict[str, Any], dict(values))
     return _ArrayMemory(
         **fields,
