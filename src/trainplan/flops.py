@@ -981,6 +981,7 @@ class StageFlops:
         return per_mb * self.micro_batches
 
 
+@functools.lru_cache(maxsize=1024)
 def stage_layers(num_layers: int, pp: int, virtual_stages: int = 1) -> tuple[tuple[int, ...], ...]:
     """Layers of each pipeline stage: contiguous chunks, the first ``L mod (pp·v)`` chunks one longer.
 
@@ -1001,12 +1002,16 @@ def stage_layers(num_layers: int, pp: int, virtual_stages: int = 1) -> tuple[tup
 
 
 def device_flops(
-    spec: ModelSpec, recipe: Recipe, layout: Layout, *, causal: bool = True
+    spec: ModelSpec, recipe: Recipe, layout: Layout, *, causal: bool = True, distinct: bool = False
 ) -> tuple[StageFlops, ...]:
     """Per-device, per-micro-batch work of every pipeline stage (the busiest one bounds step time).
 
     ``micro_batches`` = step sequences / (dp · micro_batch) (gradient accumulation steps; Narayanan
     et al. 2021 Sec. 3). The embedding lives on the first stage, the LM head and loss on the last.
+
+    ``distinct``: only the first of the stages that do the same work (dense stages of one length
+    between the first and the last; MoE stages are all kept), in stage order — what a caller that
+    wants the busiest stage needs (``max`` keeps the first of equal ones).
     """
     if recipe.recompute == "sac":
         check_sac(spec, layout)
@@ -1023,8 +1028,23 @@ def device_flops(
     result: list[StageFlops] = []
     cache: dict[object, _LayerPasses] = {}
     stages = stage_layers(spec.num_layers, layout.pp, layout.virtual_stages)
+    # Dense stages of equal length do the same work (PEFT: the first layer is its own kind).
+    by_length: dict[tuple[int, bool], _LayerPasses] = {}
+    last = layout.pp - 1
+    middle_seen: set[tuple[int, bool]] = set()
     for r, layers in enumerate(stages):
-        lp = _sum_layers(spec, layers, recipe, b, causal, split, cache)
+        if spec.moe is None:
+            sig = (len(layers), recipe.is_peft and 0 in layers[:1])
+            if distinct and 0 < r < last:
+                if sig in middle_seen:
+                    continue  # the same work as an earlier middle stage
+                middle_seen.add(sig)
+            got = by_length.get(sig)
+            if got is None:
+                got = by_length[sig] = _sum_layers(spec, layers, recipe, b, causal, split, cache)
+            lp = got
+        else:
+            lp = _sum_layers(spec, layers, recipe, b, causal, split, cache)
         forward, backward, recompute, dequant = lp.forward, lp.backward, lp.recompute, lp.dequant_bytes
         if r == 0:
             emb = PassCost(memory_bytes=_embedding_bytes(spec, recipe, b, split))

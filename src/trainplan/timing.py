@@ -660,7 +660,7 @@ def step_time(
     if pk.attn_assumed:
         notes.append(f"no published attention-kernel efficiency for {acc.name}: the Hopper figure is used")
 
-    stages: tuple[StageFlops, ...] = device_flops(model, recipe, layout)
+    stages: tuple[StageFlops, ...] = device_flops(model, recipe, layout, distinct=True)
     m = stages[0].micro_batches
     tokens = recipe.micro_batch * (recipe.seq_len // layout.cp)
 
@@ -680,7 +680,7 @@ def step_time(
         r = _pass_time_s(st.recompute, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
         return f, b, r, eta
 
-    timed = [(stage_time(st), st) for st in stages]
+    timed = [(stage_time(st), st) for st in stages]  # each distinct stage once
     (t_f, t_b, t_r, eta), busiest = max(timed, key=lambda x: x[0][0] + x[0][1] + x[0][2])
 
     # Collectives of the busiest stage.

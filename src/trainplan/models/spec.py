@@ -12,7 +12,7 @@ Shapes use the notation of the docs:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from trainplan.errors import ModelError
@@ -107,6 +107,17 @@ class ModelSpec:
                 "moe.first_dense_layers",
                 f"{self.moe.first_dense_layers} exceeds num_layers={self.num_layers}",
             )
+
+    def __hash__(self) -> int:
+        """The dataclass field hash, computed once: every cached cost function keys on the spec."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
+        return int(h)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickle without the cached hash (string hashes differ between processes)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     # -- derived shapes -------------------------------------------------------------------
     @property

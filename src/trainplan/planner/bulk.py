@@ -1186,7 +1186,7 @@ class BulkEvaluator:
                 recipe = self._stage_recipes[rkey] = replace(recipe, offload="none")
             seen: set[tuple[object, ...]] = set()
             lo = len(self._stage_layers)
-            for st in device_flops(self.model, recipe, self._core_layout(core)):
+            for st in device_flops(self.model, recipe, self._core_layout(core), distinct=True):
                 kinds = self._kinds.get(st.layers)
                 if kinds is None:
                     kinds = tuple(dict.fromkeys(self.model.is_moe_layer(i) for i in st.layers))
