@@ -756,6 +756,13 @@ def _kind_counts(
     The first layer under PEFT is its own kind: its input needs no gradient (see _layer_passes).
     """
     counts: dict[tuple[bool, bool], tuple[int, int]] = {}
+    if spec.moe is None and layers:  # dense: one kind, and the first layer under PEFT
+        rest = layers[1:] if peft and layers[0] == 0 else layers
+        if len(rest) < len(layers):
+            counts[(False, True)] = (0, 1)
+        if rest:
+            counts[(False, False)] = (rest[0], len(rest))
+        return counts
     for i in layers:
         kind = (spec.is_moe_layer(i), peft and i == 0)
         first, n = counts.get(kind, (i, 0))
@@ -1002,7 +1009,13 @@ def stage_layers(num_layers: int, pp: int, virtual_stages: int = 1) -> tuple[tup
 
 
 def device_flops(
-    spec: ModelSpec, recipe: Recipe, layout: Layout, *, causal: bool = True, distinct: bool = False
+    spec: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    *,
+    causal: bool = True,
+    distinct: bool = False,
+    layer_cache: dict[object, _LayerPasses] | None = None,
 ) -> tuple[StageFlops, ...]:
     """Per-device, per-micro-batch work of every pipeline stage (the busiest one bounds step time).
 
@@ -1012,6 +1025,10 @@ def device_flops(
     ``distinct``: only the first of the stages that do the same work (dense stages of one length
     between the first and the last; MoE stages are all kept), in stage order — what a caller that
     wants the busiest stage needs (``max`` keeps the first of equal ones).
+
+    ``layer_cache``: the per-layer work of an earlier call with the same recipe figures,
+    micro-batch, tp, cp and sequence parallelism (it does not depend on pp or the schedule); the
+    planner shares it between the pipeline layouts of one such key.
     """
     if recipe.recompute == "sac":
         check_sac(spec, layout)
@@ -1026,7 +1043,7 @@ def device_flops(
     b = float(recipe.micro_batch)
     split = _Split(tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
     result: list[StageFlops] = []
-    cache: dict[object, _LayerPasses] = {}
+    cache: dict[object, _LayerPasses] = {} if layer_cache is None else layer_cache
     stages = stage_layers(spec.num_layers, layout.pp, layout.virtual_stages)
     # Dense stages of equal length do the same work (PEFT: the first layer is its own kind).
     by_length: dict[tuple[int, bool], _LayerPasses] = {}

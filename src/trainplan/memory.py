@@ -32,6 +32,7 @@ in two named terms (:func:`tp_embedding_grad_extra_params`, :func:`sp_saves_gath
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, cast
@@ -296,14 +297,19 @@ class MemoryBreakdown:
     def phase_bytes(self, phase: str) -> float:
         return sum(v for _, v in self.phase_terms(phase))
 
-    @property
+    @functools.cached_property
     def peak_phase(self) -> str:
         return max(self.phases, key=self.phase_bytes)  # ties: the earlier moment
 
-    @property
+    @functools.cached_property
     def peak_bytes(self) -> float:
-        """Peak of live tensors (what ``torch.cuda.max_memory_allocated`` measures)."""
-        return self.phase_bytes(self.peak_phase)
+        """Peak of live tensors (what ``torch.cuda.max_memory_allocated`` measures): the largest
+        of the phases' sums (element-wise for the planner's array breakdowns)."""
+        out: Num | None = None
+        for phase in self.phases:
+            v = self.phase_bytes(phase)
+            out = v if out is None else maximum(out, v)
+        return cast(float, out)
 
     @property
     def fragmentation_bytes(self) -> float:
@@ -1121,15 +1127,41 @@ def grads_live_at_backward_start(micro_batches: Int, optimizer_in_backward: bool
     return (micro_batches > 1) | optimizer_in_backward
 
 
-def _stage_breakdown(
-    model: ModelSpec, recipe: Recipe, layout: Layout, stage: int, capacity_bytes: float, num_microbatches: int
-) -> MemoryBreakdown:
-    dev = device_params(model, layout, stage, recipe.lora)
-    st = _model_states(model, recipe, layout, dev)
+@dataclass(frozen=True, kw_only=True)
+class StageActivations:
+    """What one pipeline stage saves for backward and its short-lived tensors.
+
+    ``terms`` are the saved activations of every in-flight micro-batch; ``per_microbatch_bytes``
+    is what each more in-flight micro-batch adds (every term but the RoPE tables, which all
+    micro-batches share), so the saved bytes at ``k`` in flight are
+    ``total_bytes + per_microbatch_bytes · (k − inflight)``.
+    """
+
+    inflight: float
+    terms: dict[str, float]
+    per_microbatch_bytes: float
+    recompute_transient_bytes: float  # the recomputed layer (full) or the sac working set
+    last_layer_bytes: float  # A_l: the last block's saved activations, one micro-batch
+    logits_saved_bytes: float  # last stage: saved by the output layer and the loss
+    logits_transient_bytes: float  # last stage: the loss backward
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.terms.values())
+
+
+def stage_activations(
+    model: ModelSpec, recipe: Recipe, layout: Layout, stage: int, num_microbatches: int
+) -> StageActivations:
+    """Saved activations (Korthikanti et al. 2022 Table 2, generalised: :func:`layer_activations`)
+    of the stage's layers times the in-flight micro-batches (:func:`inflight_microbatches`), the
+    first stage's inputs, and the transients that compete for the peak."""
+    layers = stage_layers(model, layout.pp, stage)
     inflight = inflight_microbatches(layout, stage, num_microbatches)
     act_terms: dict[str, float] = {}
     largest_layer_full = 0.0
-    for i, n_layers in layer_kinds(model, dev.layers):
+    fixed = 0.0  # bytes that do not grow with the in-flight micro-batches
+    for i, n_layers in layer_kinds(model, layers):
         la = layer_activations(model, recipe, layout, i)
         for k, v in la.terms.items():
             act_terms[k] = act_terms.get(k, 0.0) + v * inflight * n_layers
@@ -1149,28 +1181,46 @@ def _stage_breakdown(
         s_local = recipe.seq_len // layout.cp
         inputs = 0.0 if recipe.is_peft else inflight * 8.0 * recipe.micro_batch * s_local
         if model.position == "rope":
-            inputs += 2 * activation_bytes_per_element(recipe) * s_local * model.head_dim
+            fixed = 2 * activation_bytes_per_element(recipe) * s_local * model.head_dim
+            inputs += fixed
         elif model.position == "learned" and not recipe.is_peft:
             inputs += inflight * 8.0 * s_local
         act_terms["inputs"] = inputs
-        if recipe.is_peft and recipe.recompute != "full" and dev.layers:
+        if recipe.is_peft and recipe.recompute != "full" and layers:
             # Frozen embedding and frozen first norm: nothing upstream of layer 0's attention norm
             # needs a gradient, so that norm (autograd records no node) saves neither its input
             # (the embedding output) nor its statistics (traced).
-            first = layer_activations(model, recipe, layout, dev.layers[0]).terms
+            first = layer_activations(model, recipe, layout, layers[0]).terms
             stats = first["norm_stats"] / (2 * (2 if model.post_norms else 1))
             act_terms["frozen_first_norm"] = -inflight * (first["attn_norm_input"] + stats)
-    last_layer = layer_activations(model, recipe, layout, dev.layers[-1]).total_bytes if dev.layers else 0.0
     logits_saved, logits_transient = (0.0, 0.0)
     if stage == layout.pp - 1:
         logits_saved, logits_transient = logits_bytes(model, recipe, layout)
+    return StageActivations(
+        inflight=inflight,
+        terms=act_terms,
+        per_microbatch_bytes=(sum(act_terms.values()) - fixed) / inflight,
+        recompute_transient_bytes=largest_layer_full,
+        last_layer_bytes=layer_activations(model, recipe, layout, layers[-1]).total_bytes if layers else 0.0,
+        logits_saved_bytes=logits_saved,
+        logits_transient_bytes=logits_transient,
+    )
+
+
+def _stage_breakdown(
+    model: ModelSpec, recipe: Recipe, layout: Layout, stage: int, capacity_bytes: float, num_microbatches: int
+) -> MemoryBreakdown:
+    dev = device_params(model, layout, stage, recipe.lora)
+    st = _model_states(model, recipe, layout, dev)
+    acts = stage_activations(model, recipe, layout, stage, num_microbatches)
+    act_terms = acts.terms
     fields = stage_memory_fields(
         {f.name: getattr(st, f.name) for f in dataclasses.fields(st) if f.name != "trainable"},
-        activations=sum(act_terms.values()),
-        logits_saved=logits_saved,
-        logits_transient=logits_transient,
-        recompute_transient=largest_layer_full,
-        last_layer=last_layer,
+        activations=acts.total_bytes,
+        logits_saved=acts.logits_saved_bytes,
+        logits_transient=acts.logits_transient_bytes,
+        recompute_transient=acts.recompute_transient_bytes,
+        last_layer=acts.last_layer_bytes,
         block_input=block_input_bytes(model, recipe, layout) if dev.layers else 0.0,
         input_grad=input_grad_bytes(model, recipe, layout, stage),
         zero=layout.zero,

@@ -108,6 +108,8 @@ def layer_kinds(model: ModelSpec, layers: tuple[int, ...]) -> list[tuple[int, in
 
     All layers of one kind have the same shapes, so costs are computed once per kind.
     """
+    if model.moe is None:
+        return [(layers[0], len(layers))] if layers else []
     out = []
     for is_moe in (False, True):
         members = [i for i in layers if model.is_moe_layer(i) == is_moe]

@@ -230,7 +230,7 @@ def _stage_gemm_efficiency(
     """
     flops = slow = 0.0
     seen: set[bool] = set()
-    for i in layers:
+    for i in layers[:1] if model.moe is None else layers:  # one kind per dense stage
         kind = model.is_moe_layer(i)
         if kind in seen:
             continue
@@ -669,7 +669,7 @@ def step_time(
     etas: dict[tuple[bool, ...], float] = {}
 
     def stage_time(st: StageFlops) -> tuple[float, float, float, float]:
-        kinds = tuple(dict.fromkeys(model.is_moe_layer(i) for i in st.layers))
+        kinds = model.layer_kinds_of(st.layers)
         eta = etas.get(kinds)
         if eta is None:
             eta = etas[kinds] = _stage_gemm_efficiency(model, st.layers, tokens, layout, eff, dtype)

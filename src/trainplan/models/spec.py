@@ -141,6 +141,12 @@ class ModelSpec:
         rel = layer - self.moe.first_dense_layers
         return rel >= 0 and rel % self.moe.layer_freq == 0
 
+    def layer_kinds_of(self, layers: tuple[int, ...]) -> tuple[bool, ...]:
+        """The kinds (MoE?) among ``layers`` in order of first appearance."""
+        if self.moe is None:
+            return (False,) if layers else ()
+        return tuple(dict.fromkeys(self.is_moe_layer(i) for i in layers))
+
     @functools.cached_property
     def num_moe_layers(self) -> int:
         return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))

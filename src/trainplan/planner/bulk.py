@@ -20,10 +20,10 @@ inputs each function reads — many cores differ only in fields a function ignor
   ``ep`` divides), nothing else depends on ``dp``. It is therefore evaluated at two
   data-parallel degrees and interpolated exactly;
 * saved activations of one in-flight micro-batch, logits and the largest transient:
-  ``memory._stage_breakdown`` with one micro-batch, per (tp, pp, cp, sequence parallelism,
+  ``memory.stage_activations`` with one micro-batch, per (tp, pp, cp, sequence parallelism,
   micro-batch, recompute, precision, stage) — not ep, ZeRO, offload or the schedule; activations
   scale with the in-flight count (``memory.inflight_microbatches``, Korthikanti et al. 2022
-  Eq. 5), whose slope comes from one more call per distinct peak count;
+  Eq. 5) by the call's own ``per_microbatch_bytes``;
 * per-micro-batch forward / backward / recompute work of every stage: ``flops.device_flops``
   per compute key without ep (balanced routing: ep does not change the work), its GEMM
   efficiency ``timing._stage_gemm_efficiency`` per (stage kinds, tokens, tp, ep, precision) and
@@ -82,15 +82,14 @@ from trainplan.hardware.system import System
 from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions, PipelineSchedule
 from trainplan.memory import (
     CUDA_CONTEXT_BYTES,
-    FSDP_PHASES,
     MemoryBreakdown,
+    StageActivations,
     _model_states,
-    _stage_breakdown,
     _States,
     capped_inflight,
     grads_live_at_backward_start,
     held_microbatches,
-    logits_bytes,
+    stage_activations,
     stage_memory_fields,
 )
 from trainplan.models.params import count_params
@@ -711,6 +710,7 @@ class BulkEvaluator:
         self._eta_index: dict[tuple[object, ...], int] = {}
         self._eta_keys: list[tuple[tuple[Any, ...], tuple[int, ...], Layout]] = []
         self._stage_recipes: dict[tuple[object, ...], Recipe] = {}
+        self._layer_caches: dict[tuple[object, ...], dict[object, Any]] = {}
         self._kinds: dict[tuple[int, ...], tuple[bool, ...]] = {}
         self._accel_cache: dict[tuple[int, int], _Accel] = {}
         self._accel_tabs: dict[str, FloatArray] = {}
@@ -828,7 +828,6 @@ class BulkEvaluator:
         activations), the compute, collective and recipe keys, and per-core constants."""
         n = len(self.cores)
         nf = len(_STATE_FIELDS)
-        big = 1 << 40
         model = self.model
         no_ib = replace(self.base, optimizer_in_backward=False)
         cores = self.cores
@@ -872,16 +871,15 @@ class BulkEvaluator:
         s_of_core, s_first = keyed((0, 1, 2, 3, 8, 7))
         # states[key, zero, stage(0=first, 1=last), 2*nf + 2]
         s_tab = self._state_tables([cores[c] for c in s_first])
-        # Saved activations, logits and transients (memory._stage_breakdown with one in-flight
-        # micro-batch, and with the stage's peak count for the slope) read tp, cp, sequence
-        # parallelism, the stage's layers (pp) and the recipe's micro-batch, recompute and
-        # precision; the schedule only through the in-flight count; not ep, dp, ZeRO or offload.
-        # Each distinct call is made once: keyed by those inputs (and the in-flight count).
+        # Saved activations, logits and transients (memory.stage_activations with one in-flight
+        # micro-batch; the saved bytes grow by its per_microbatch_bytes with each more) read tp,
+        # cp, sequence parallelism, the stage's layers (pp) and the recipe's micro-batch,
+        # recompute and precision; the schedule only through the in-flight count; not ep, dp,
+        # ZeRO or offload. Each distinct call is made once: keyed by those inputs.
         a_of_core, a_first = keyed((0, 1, 2, 4, 5, 6, 8, 9, 10))
         a_tab = np.zeros((len(a_first), 2, 7))
         recipes: dict[tuple[int, ...], Recipe] = {}
-        ones: dict[tuple[int, ...], MemoryBreakdown] = {}
-        manys: dict[tuple[object, ...], float] = {}
+        ones: dict[tuple[int, ...], StageActivations] = {}
         for j, c in enumerate(a_first):
             core = cores[c]
             row = rows[c]
@@ -894,26 +892,18 @@ class BulkEvaluator:
                 okey = (row[0], row[1], row[2], row[4], *rkey, stage)
                 one = ones.get(okey)
                 if one is None:
-                    one = ones[okey] = _stage_breakdown(model, recipe, layout, stage, float("inf"), 1)
+                    one = ones[okey] = stage_activations(model, recipe, layout, stage, 1)
                 hd = held_microbatches(layout, stage)
-                slope = 0.0
-                if hd > 1.0:
-                    mkey = (*okey, hd)
-                    many = manys.get(mkey)
-                    if many is None:
-                        many = manys[mkey] = _stage_breakdown(
-                            model, recipe, layout, stage, float("inf"), big
-                        ).activations_bytes
-                    slope = (many - one.activations_bytes) / (hd - 1.0)
-                loss_t = logits_bytes(model, recipe, layout)[1] if stage == core.pp - 1 else 0.0
+                # saved bytes are affine in the in-flight count: one micro-batch plus the slope
+                slope = one.per_microbatch_bytes if hd > 1.0 else 0.0
                 a_tab[j, k] = (
-                    one.activations_bytes,
+                    one.total_bytes,
                     slope,
                     hd,
-                    one.logits_bytes,
-                    one.transient_bytes,
-                    loss_t,
-                    one.last_layer_activations_bytes,
+                    one.logits_saved_bytes,
+                    one.recompute_transient_bytes,
+                    one.logits_transient_bytes,
+                    one.last_layer_bytes,
                 )
         acts = a_tab[a_of_core]
         act1, act_slope, held, logits, transient, loss_t_tab, last_layer = (
@@ -1186,10 +1176,22 @@ class BulkEvaluator:
                 recipe = self._stage_recipes[rkey] = replace(recipe, offload="none")
             seen: set[tuple[object, ...]] = set()
             lo = len(self._stage_layers)
-            for st in device_flops(self.model, recipe, self._core_layout(core), distinct=True):
+            # the per-layer work does not depend on pp or the schedule: shared between them
+            lkey = (
+                core.micro_batch,
+                core.recompute,
+                core.precision,
+                core.tp,
+                core.cp,
+                core.sequence_parallel,
+            )
+            layer_cache = self._layer_caches.setdefault(lkey, {})
+            for st in device_flops(
+                self.model, recipe, self._core_layout(core), distinct=True, layer_cache=layer_cache
+            ):
                 kinds = self._kinds.get(st.layers)
                 if kinds is None:
-                    kinds = tuple(dict.fromkeys(self.model.is_moe_layer(i) for i in st.layers))
+                    kinds = self.model.layer_kinds_of(st.layers)
                     self._kinds[st.layers] = kinds
                 key = (st.forward, st.backward, st.recompute, st.dequant_bytes, kinds)
                 if key in seen:
@@ -1740,18 +1742,10 @@ class _ArrayCost:
 
 
 class _ArrayMemory(MemoryBreakdown):
-    """``MemoryBreakdown`` whose fields are arrays: its own ``phase_terms``, ``per_device_bytes``
-    and ``fragmentation_bytes`` compose them; only the peak over the phases (``max`` with a key in
-    the scalar class) is taken element-wise. Every FSDP2 moment is evaluated: without ZeRO-3 its
-    FSDP terms are 0 and it is below the backward start, so the peak is the scalar one."""
-
-    @property
-    def peak_bytes(self) -> Any:
-        out: Any = None
-        for phase in FSDP_PHASES:
-            v = self.phase_bytes(phase)
-            out = v if out is None else np.maximum(out, v)
-        return out
+    """``MemoryBreakdown`` whose fields are arrays: its own ``phase_terms``, ``peak_bytes``,
+    ``per_device_bytes`` and ``fragmentation_bytes`` compose them element-wise. Every FSDP2 moment
+    is evaluated (``fsdp=True``): without ZeRO-3 its FSDP terms are 0 and it is below the backward
+    start, so the peak is the scalar one."""
 
 
 def _array_memory(values: Mapping[str, Any], capacity: FloatArray, *, grads_live: bool) -> _ArrayMemory:
@@ -1765,6 +1759,7 @@ def _array_memory(values: Mapping[str, Any], capacity: FloatArray, *, grads_live
         grads_live_at_backward_start=grads_live,
         params_on_device=0,
         trainable_params_on_device=0,
+        fsdp=True,
     )
 
 
