@@ -11,11 +11,11 @@ import statistics
 import time
 from collections.abc import Callable
 
-from trainplan.estimate import estimate
 from trainplan.hardware import get_accelerator
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models import load_model
+from trainplan.predict import estimate
 from trainplan.recipe import Recipe
 
 CASES = {

@@ -23,7 +23,6 @@ import statistics
 import time
 from collections.abc import Callable
 
-from trainplan.estimate import Estimate, estimate
 from trainplan.hardware import list_accelerators
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
@@ -41,6 +40,7 @@ from trainplan.planner import (
     plan,
 )
 from trainplan.planner.search import _price, default_global_batch
+from trainplan.predict import Estimate, estimate
 from trainplan.recipe import Recipe
 
 CASES = {

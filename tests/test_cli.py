@@ -85,11 +85,11 @@ def test_qlora_7b_fits_a_24gb_rtx_4090(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def smallest_fitting(offload: str) -> int:
-    from trainplan.estimate import estimate
     from trainplan.hardware import get_accelerator
     from trainplan.hardware.system import System
     from trainplan.layout import Layout
     from trainplan.models import load_model
+    from trainplan.predict import estimate
     from trainplan.recipe import Recipe
 
     model = load_model("llama-3.1-70b")

@@ -369,10 +369,10 @@ def test_per_parameter_gathers_are_waited_on_and_regathered_for_recompute() -> N
 
 def test_per_parameter_zero3_is_slower_and_scales_worse() -> None:
     """At fixed global batch, per-parameter ZeRO-3's exposed traffic grows with the rank count."""
-    from trainplan.estimate import estimate
     from trainplan.hardware import get_accelerator
     from trainplan.hardware.system import System
     from trainplan.models import load_model
+    from trainplan.predict import estimate
 
     spec = load_model("gpt-22b")
     steps = {}

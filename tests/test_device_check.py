@@ -9,8 +9,9 @@ from types import ModuleType
 
 import pytest
 
-from trainplan.cli import build_parser, inputs_from_args
-from trainplan.estimate import estimate
+from trainplan.api import estimate_inputs
+from trainplan.cli import build_parser
+from trainplan.predict import estimate
 from trainplan.run.config import check_supported
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ def _module() -> ModuleType:
 def test_every_case_is_a_runnable_single_gpu_plan_that_fits_an_h200(case: str) -> None:
     flags = dict(_module().CASES)[case]
     args = build_parser().parse_args(["estimate", *flags, "--hardware", "h200", "--devices", "1"])
-    system, model, recipe, layout = inputs_from_args(args)
+    system, model, recipe, layout = estimate_inputs(vars(args))
     check_supported(model, recipe, layout)  # what `trainplan run` refuses before spawning
     est = estimate(system, model, recipe, layout)
     assert est.feasible, est.reasons

@@ -29,5 +29,5 @@ def test_mypy_strict() -> None:
 
 
 def test_core_does_not_import_torch() -> None:
-    code = "import sys, trainplan, trainplan.cli, trainplan.estimate; assert 'torch' not in sys.modules"
+    code = "import sys, trainplan, trainplan.cli, trainplan.predict; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,6 @@ import pytest
 
 from trainplan.cli import main
 from trainplan.errors import TrainplanError
-from trainplan.estimate import Estimate, estimate
 from trainplan.hardware import get_accelerator
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
@@ -31,6 +30,7 @@ from trainplan.planner import (
 )
 from trainplan.planner.bulk import TIME_FIELDS
 from trainplan.planner.search import _price
+from trainplan.predict import Estimate, estimate
 from trainplan.recipe import Method, Recipe
 
 SMALL = SearchSpace(micro_batches=(1, 2), max_devices=16)

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainplan.estimate import estimate
 from trainplan.flops import megatron2021_eq3_flops
 from trainplan.hardware import get_accelerator, list_accelerators
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models import load_model
+from trainplan.predict import estimate
 from trainplan.recipe import Recipe
 from trainplan.timing import calibrated_kappa, step_time
 from trainplan.validate import calibrate

@@ -407,7 +407,7 @@ def test_openapi_lists_every_route_and_field(server: TrainplanServer) -> None:
         code = request(server, r.method, r.path, {} if r.method == "POST" else None)[0]
         assert code in (200, 400), (r, code)
     props = doc["components"]["schemas"]["EstimateRequest"]["properties"]
-    assert set(props) == {f.dest for f in estimate_flags()} | {
+    assert set(props) == {f.name for f in estimate_flags()} | {
         "model",
         "config",
         "config_name",
@@ -469,10 +469,10 @@ def test_serve_subcommand_registers_and_runs() -> None:
 
 # --- plots for the CLI -------------------------------------------------------------------------------
 def _estimate() -> Any:
-    from trainplan.estimate import estimate
     from trainplan.hardware import System, get_accelerator
     from trainplan.layout import Layout
     from trainplan.models import load_model
+    from trainplan.predict import estimate
     from trainplan.recipe import Recipe
 
     system = System(accelerator=get_accelerator("h100"), num_devices=8)

@@ -37,6 +37,8 @@ from typing import Final, Literal, get_args
 from trainplan.errors import LayoutError
 from trainplan.models.spec import ModelSpec
 
+ZeroStage = Literal[0, 1, 2, 3]
+ZERO_STAGES: Final = get_args(ZeroStage)
 PipelineSchedule = Literal["1f1b", "interleaved", "zb"]
 PIPELINE_SCHEDULES: Final = get_args(PipelineSchedule)
 # How a ZeRO-3 / FSDP implementation groups its parameter gathers and gradient reductions:
@@ -147,7 +149,7 @@ class Layout:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise LayoutError(name, f"must be a positive integer, got {v!r}")
-        if self.zero not in (0, 1, 2, 3):
+        if self.zero not in ZERO_STAGES:
             raise LayoutError(
                 "zero", f"ZeRO stage must be 0, 1, 2 or 3 (FSDP full shard = 3), got {self.zero!r}"
             )

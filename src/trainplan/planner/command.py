@@ -1,18 +1,21 @@
-"""``trainplan plan`` and ``trainplan compare``: flags, the request they build, human output."""
+"""``trainplan plan`` and ``trainplan compare``: the request their fields build, human output.
+
+The fields are :data:`trainplan.inputs.PLAN_FIELDS` / :data:`~trainplan.inputs.COMPARE_FIELDS`;
+the functions here take their parsed values (a mapping by field name), whether they come from
+the CLI, the web API or :func:`trainplan.plan` / :func:`trainplan.compare`.
+"""
 
 from __future__ import annotations
 
-import argparse
-import json
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
+from trainplan.inputs import RECIPE_FIELDS, build_recipe, fill_defaults
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.search import (
-    DEFAULT_MAX_DEVICES,
-    OBJECTIVES,
     Plan,
     PlanResult,
     SearchSpace,
@@ -25,84 +28,28 @@ from trainplan.units import fmt_bytes, fmt_duration
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 
 
-def configure_parser(
-    p: argparse.ArgumentParser,
-    *,
-    compare_mode: bool,
-    add_recipe: Callable[..., None],
-    add_cost: Callable[[argparse.ArgumentParser], None],
-    add_hardware_file: Callable[[argparse.ArgumentParser], None],
-    positive_int: Callable[[str], int],
-    positive_float: Callable[[str], float],
-) -> None:
-    """Flags of ``plan`` (``compare_mode`` False) or ``compare``; recipe flags are fixed choices
-    when given, searched when absent (micro-batch, recompute, offload, precision)."""
-    p.add_argument("model", help="preset name (see `trainplan models`) or path to a Hugging Face config.json")
-    if compare_mode:
-        p.add_argument("--hardware", required=True, help="comma-separated accelerators to compare")
-        p.add_argument(
-            "--devices", type=positive_int, default=None, help="fixed device count (default: searched)"
-        )
-    else:
-        p.add_argument(
-            "--hardware", default="any", help="'any' (the whole catalog) or comma-separated accelerator names"
-        )
-        p.add_argument(
-            "--devices",
-            default=None,
-            help="comma-separated device counts to consider (default: 1,2,4 and node/domain multiples)",
-        )
-        p.add_argument("--budget", type=positive_float, default=None, help="maximum cost of the run, USD")
-        p.add_argument("--deadline", type=positive_float, default=None, help="maximum time to train, hours")
-        p.add_argument("--top", type=positive_int, default=5, help="how many ranked plans to show")
-    add_hardware_file(p)
-    p.add_argument(
-        "--max-devices",
-        type=positive_int,
-        default=DEFAULT_MAX_DEVICES,
-        help=f"largest device count searched (default {DEFAULT_MAX_DEVICES})",
-    )
-    p.add_argument("--objective", choices=OBJECTIVES, default="time", help="rank by time, cost or both")
-    p.add_argument(
-        "--precisions",
-        default="bf16",
-        help="precisions the search may use when --precision is not given (comma-separated, default bf16)",
-    )
-    p.add_argument(
-        "--device-price",
-        action="append",
-        default=[],
-        metavar="NAME=USD",
-        help="price of one accelerator in USD per device-hour (repeatable; overrides the catalog)",
-    )
-    add_recipe(p, defaults=False)
-    add_cost(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
-    p.add_argument(
-        "--plot", metavar="FILE", default=None, help="also save a plot (.png or .svg; needs trainplan[plot])"
-    )
-
-
 def _split(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _accelerators(args: argparse.Namespace) -> list[Accelerator]:
+def accelerators(hardware: str, hardware_file: Sequence[str] = ()) -> list[Accelerator]:
+    """The accelerators ``--hardware`` names: ``any`` (the catalog) or comma-separated names."""
     from trainplan.hardware import get_accelerator, list_accelerators
 
-    if args.hardware.strip().lower() == "any":
-        return list(list_accelerators(args.hardware_file))
-    names = _split(args.hardware)
+    files = list(hardware_file)
+    if hardware.strip().lower() == "any":
+        return list(list_accelerators(files))
+    names = _split(hardware)
     if not names:
         raise TrainplanError("hardware", "name at least one accelerator (or 'any')")
-    return [get_accelerator(n, args.hardware_file) for n in dict.fromkeys(names)]
+    return [get_accelerator(n, files) for n in dict.fromkeys(names)]
 
 
-def _prices(args: argparse.Namespace, accs: list[Accelerator]) -> dict[str, float]:
+def _prices(values: Mapping[str, Any], accs: list[Accelerator]) -> dict[str, float]:
     out: dict[str, float] = {}
-    if args.price is not None:
-        out.update({a.name: float(args.price) for a in accs})
-    for item in args.device_price:
+    if values["price"] is not None:
+        out.update({a.name: float(values["price"]) for a in accs})
+    for item in values["device_price"]:
         name, sep, value = item.partition("=")
         try:
             usd = float(value)
@@ -114,30 +61,14 @@ def _prices(args: argparse.Namespace, accs: list[Accelerator]) -> dict[str, floa
     return out
 
 
-def request(args: argparse.Namespace, *, compare_mode: bool) -> tuple[Recipe, SearchSpace]:
-    """The fixed recipe and the search space the flags describe."""
-    from trainplan.cli import recipe_from_args
-
-    filled = argparse.Namespace(**vars(args))
-    for key, default in (
-        ("method", "pretrain"),
-        ("precision", "bf16"),
-        ("optimizer", "adamw"),
-        ("seq_len", 4096),
-        ("micro_batch", 1),
-        ("recompute", "none"),
-        ("attention", "flash"),
-        ("offload", "none"),
-        ("stack", "megatron"),
-    ):
-        if getattr(filled, key) is None:
-            setattr(filled, key, default)
-    recipe = recipe_from_args(filled)
-    assert isinstance(recipe, Recipe)
-    if args.precision is not None:
-        precisions: tuple[str, ...] = (args.precision,)
+def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, SearchSpace]:
+    """The fixed recipe and the search space the fields describe: a searchable field left open
+    (``None``) is searched, the recipe holds its estimate default meanwhile."""
+    recipe = build_recipe(fill_defaults(values, RECIPE_FIELDS))
+    if values["precision"] is not None:
+        precisions: tuple[str, ...] = (values["precision"],)
     else:
-        precisions = tuple(dict.fromkeys(_split(args.precisions)))
+        precisions = tuple(dict.fromkeys(_split(values["precisions"])))
         for p in precisions:
             if p not in PRECISIONS:
                 raise TrainplanError(
@@ -146,26 +77,28 @@ def request(args: argparse.Namespace, *, compare_mode: bool) -> tuple[Recipe, Se
         if not precisions:
             raise TrainplanError("precisions", "give at least one precision")
     counts: tuple[int, ...] | None = None
-    if compare_mode and args.devices is not None:
-        counts = (args.devices,)
-    elif not compare_mode and args.devices is not None:
+    if compare_mode and values["devices"] is not None:
+        counts = (values["devices"],)
+    elif not compare_mode and values["devices"] is not None:
         try:
-            counts = tuple(sorted({int(c) for c in _split(args.devices)}))
+            counts = tuple(sorted({int(c) for c in _split(values["devices"])}))
         except ValueError:
             raise TrainplanError(
-                "devices", f"expected comma-separated positive integers, got {args.devices!r}"
+                "devices", f"expected comma-separated positive integers, got {values['devices']!r}"
             ) from None
         if not counts or min(counts) <= 0:
             raise TrainplanError(
-                "devices", f"expected comma-separated positive integers, got {args.devices!r}"
+                "devices", f"expected comma-separated positive integers, got {values['devices']!r}"
             )
-    max_devices = max(args.max_devices, max(counts) if counts else 0)
-    offloads = (args.offload,) if args.offload is not None else OFFLOADS
-    if recipe.paged_optimizer and args.offload is None:
+    max_devices = max(values["max_devices"], max(counts) if counts else 0)
+    offloads = (values["offload"],) if values["offload"] is not None else OFFLOADS
+    if recipe.paged_optimizer and values["offload"] is None:
         offloads = ("none",)
     space = SearchSpace(
-        micro_batches=(args.micro_batch,) if args.micro_batch is not None else DEFAULT_MICRO_BATCHES,
-        recomputes=(args.recompute,) if args.recompute is not None else RECOMPUTES,
+        micro_batches=(values["micro_batch"],)
+        if values["micro_batch"] is not None
+        else DEFAULT_MICRO_BATCHES,
+        recomputes=(values["recompute"],) if values["recompute"] is not None else RECOMPUTES,
         offloads=offloads,
         precisions=precisions,  # type: ignore[arg-type]
         max_devices=max_devices,
@@ -174,36 +107,36 @@ def request(args: argparse.Namespace, *, compare_mode: bool) -> tuple[Recipe, Se
     return replace(recipe), space
 
 
-def plan_from_args(args: argparse.Namespace, model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
-    """``plan(...)`` with the request the plan flags describe (shared by the CLI and the web API)."""
-    recipe, space = request(args, compare_mode=False)
+def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
+    """``plan(...)`` with the request the plan fields describe (the CLI, the web and Python APIs)."""
+    recipe, space = request(values, compare_mode=False)
     return plan(
         model,
         recipe,
         accs,
         space=space,
-        objective=args.objective,
-        top=args.top,
-        budget_usd=args.budget,
-        deadline_h=args.deadline,
-        provider=args.provider,
-        prices=_prices(args, accs),
-        pue=args.pue,
+        objective=values["objective"],
+        top=values["top"],
+        budget_usd=values["budget"],
+        deadline_h=values["deadline"],
+        provider=values["provider"],
+        prices=_prices(values, accs),
+        pue=values["pue"],
     )
 
 
-def compare_from_args(args: argparse.Namespace, model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
-    """``compare(...)`` with the request the compare flags describe (shared by the CLI and the web API)."""
-    recipe, space = request(args, compare_mode=True)
+def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
+    """``compare(...)`` with the request the compare fields describe (the CLI, the web and Python APIs)."""
+    recipe, space = request(values, compare_mode=True)
     return compare(
         model,
         recipe,
         accs,
         space=space,
-        objective=args.objective,
-        provider=args.provider,
-        prices=_prices(args, accs),
-        pue=args.pue,
+        objective=values["objective"],
+        provider=values["provider"],
+        prices=_prices(values, accs),
+        pue=values["pue"],
     )
 
 
@@ -220,34 +153,22 @@ def compare_to_dict(result: PlanResult) -> dict[str, object]:
     }
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    from trainplan.models import load_model
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """What :func:`trainplan.compare` returns: the search's result, whose ``per_accelerator``
+    holds each accelerator's best plan (or why there is none); ``to_dict()`` is
+    ``trainplan compare --json``."""
 
-    result = plan_from_args(args, load_model(args.model), _accelerators(args))
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
-    else:
-        print(render_plan(result))
-    if args.plot:
-        from trainplan.web.plots import save_plot
+    result: PlanResult
 
-        save_plot("plan", result, args.plot)
-    return 0
+    @property
+    def per_accelerator(self) -> tuple[Any, ...]:
+        """One entry per accelerator: its best plan, or the reason it has none."""
+        return self.result.per_accelerator
 
-
-def run_compare(args: argparse.Namespace) -> int:
-    from trainplan.models import load_model
-
-    result = compare_from_args(args, load_model(args.model), _accelerators(args))
-    if args.json:
-        print(json.dumps(compare_to_dict(result), indent=2, sort_keys=True))
-    else:
-        print(render_compare(result))
-    if args.plot:
-        from trainplan.web.plots import save_plot
-
-        save_plot("compare", result, args.plot)
-    return 0
+    def to_dict(self) -> dict[str, object]:
+        """The ``trainplan compare --json`` object."""
+        return compare_to_dict(self.result)
 
 
 # --- human output -----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """``trainplan run``: train a plan for real with ``torchrun`` and compare it with the estimate.
 
 The launcher (:mod:`trainplan.run.launch`) validates the plan and computes the prediction with
-:func:`trainplan.estimate.estimate` without importing torch, then starts
+:func:`trainplan.predict.estimate` without importing torch, then starts
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m trainplan.run.worker``.
 Each worker (:mod:`trainplan.run.worker`) builds the reference model of
 :mod:`trainplan.trace.models` with real weights, applies the layout with PyTorch's own APIs

@@ -25,15 +25,12 @@ GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``run`` to ``subparsers`` (the object ``ArgumentParser.add_subparsers`` returned)."""
-    from trainplan.cli import (
-        _positive_int,
-        add_hardware_file_argument,
-        add_layout_arguments,
-        add_recipe_arguments,
-    )
+    from trainplan.cli_args import add_command
 
-    p: argparse.ArgumentParser = subparsers.add_parser(
+    return add_command(
+        subparsers,
         "run",
+        cmd_run,
         help="train the plan for real with torchrun (synthetic data) and compare with the estimate",
         description=(
             "Launch the plan with torchrun on this machine: one process per device, gloo on CPU, "
@@ -41,33 +38,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             "step time, tokens/s and peak memory beside the prediction (see docs/run.md)."
         ),
     )
-    p.add_argument("model", help="preset name (see `trainplan models`) or path to a Hugging Face config.json")
-    p.add_argument(
-        "--hardware", required=True, help="accelerator the prediction is for (see `trainplan hardware list`)"
-    )
-    add_hardware_file_argument(p)
-    add_layout_arguments(p)
-    add_recipe_arguments(p)
-    g = p.add_argument_group("run")
-    g.add_argument("--steps", type=_positive_int, default=8, help="optimizer steps to train (default 8)")
-    g.add_argument(
-        "--warmup", type=int, default=1, help="first steps left out of the median step time (default 1)"
-    )
-    g.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="cuda (NCCL) or cpu (gloo); auto picks cuda when PyTorch sees a GPU",
-    )
-    g.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the weights and the synthetic data")
-    g.add_argument(
-        "--timeout", type=float, default=None, metavar="SECONDS", help="stop the run after this long"
-    )
-    g.add_argument("--verbose", action="store_true", help="stream torchrun's and the workers' output")
-    p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
-    p.set_defaults(func=cmd_run)
-    return p
 
 
 def _resolve_device(choice: str, devices: int) -> str:
@@ -98,25 +68,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"trainplan: error: torch: `trainplan run` needs PyTorch: {TORCH_INSTALL_HINT}\n")
         return EXIT_BAD_INPUT
 
-    from trainplan.cli import layout_from_args, recipe_from_args
-    from trainplan.estimate import estimate
-    from trainplan.hardware import get_accelerator
-    from trainplan.hardware.system import System
-    from trainplan.layout import Layout
-    from trainplan.models import load_model
-    from trainplan.recipe import Recipe
+    from trainplan.api import estimate_inputs
+    from trainplan.predict import estimate
     from trainplan.run.config import RunConfig, check_supported
     from trainplan.run.launch import RunFailed, RunReport, check_loss, render, require_steps, spawn
 
-    model = load_model(args.model)
-    acc = get_accelerator(args.hardware, args.hardware_file)
-    recipe = recipe_from_args(args)
-    layout = layout_from_args(args)
-    assert isinstance(recipe, Recipe) and isinstance(layout, Layout)
+    system, model, recipe, layout = estimate_inputs(vars(args))
+    acc = system.accelerator
     require_steps(args.steps, args.warmup)
     if args.lr <= 0:
         raise TrainplanError("lr", f"the learning rate must be positive, got {args.lr}")
-    est = estimate(System(accelerator=acc, num_devices=args.devices), model, recipe, layout)
+    est = estimate(system, model, recipe, layout)
     check_supported(model, recipe, layout)
     device = _resolve_device(args.device, layout.num_devices)
     cfg = RunConfig(
@@ -150,10 +112,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """A ``trainplan`` parser with only the ``run`` subcommand (``python -m trainplan.run``)."""
-    from trainplan.cli import _Parser
+    from trainplan.cli_args import Parser
 
-    parser = _Parser(prog="trainplan", description="trainplan run: train a plan for real, compare.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="trainplan", description="trainplan run: train a plan for real, compare.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     register(sub)
     return parser
 

@@ -1,7 +1,7 @@
 """The launcher of ``trainplan run``: predict, spawn ``torchrun``, compare.
 
 1. The plan (model, accelerator, recipe, layout) is validated and estimated exactly as
-   ``trainplan estimate`` does (:func:`trainplan.estimate.estimate`), then checked against what the
+   ``trainplan estimate`` does (:func:`trainplan.predict.estimate`), then checked against what the
    worker can execute (:func:`trainplan.run.config.check_supported`). Bad input stops here.
 2. ``python -m torch.distributed.run --standalone --nproc-per-node N -m trainplan.run.worker``
    (``torch/distributed/run.py``, the module behind the ``torchrun`` script) starts one process
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trainplan.errors import TrainplanError
-from trainplan.estimate import Estimate, layout_to_dict, recipe_to_dict
+from trainplan.predict import Estimate, layout_to_dict, recipe_to_dict
 from trainplan.run.config import RunConfig
 from trainplan.units import fmt_bytes, fmt_count, fmt_duration
 

@@ -9,6 +9,22 @@ whose keys are the CLI's (:mod:`trainplan.web.api`, documented by ``GET /api/ope
 
 from __future__ import annotations
 
-from trainplan.web.server import DEFAULT_HOST, DEFAULT_PORT, ROUTES, TrainplanServer, make_server
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from trainplan.web.server import ROUTES, TrainplanServer, make_server
+
+DEFAULT_HOST: Final = "127.0.0.1"
+"""Where ``trainplan serve`` listens unless told: this machine only."""
+DEFAULT_PORT: Final = 8321
 
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "ROUTES", "TrainplanServer", "make_server"]
+
+
+def __getattr__(name: str) -> Any:
+    """The server's names, imported on first use (``trainplan serve`` registers without them)."""
+    if name in ("ROUTES", "TrainplanServer", "make_server"):
+        from trainplan.web import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module 'trainplan.web' has no attribute {name!r}")

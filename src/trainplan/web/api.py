@@ -1,10 +1,11 @@
 """The JSON API behind the page: request bodies in, the CLI's JSON out.
 
-Every request field is one of the CLI's estimate flags with its ``dest`` name (``--seq-len`` is
-``"seq_len"``, ``--no-master-weights`` is ``"no_master_weights"``): the flag definitions in
-:mod:`trainplan.cli` are the single source of names, types, choices and defaults, and the same
-``recipe_from_args`` / ``layout_from_args`` build the inputs, so ``POST /api/estimate`` answers
-exactly what ``trainplan estimate --json`` prints for the same inputs.
+Every request field is a field of the input schema (:mod:`trainplan.inputs`) under its name, the
+CLI flag's ``dest`` (``--seq-len`` is ``"seq_len"``, ``--no-master-weights`` is
+``"no_master_weights"``): the schema is the single source of names, types, choices and defaults,
+checked by the same :meth:`~trainplan.inputs.Field.parse` and turned into inputs by the same
+:func:`~trainplan.inputs.build_recipe` / :func:`~trainplan.inputs.build_layout` as the CLI's, so
+``POST /api/estimate`` answers exactly what ``trainplan estimate --json`` prints for the same inputs.
 
 The model is a preset name (``"model"``) or an uploaded Hugging Face ``config.json`` object
 (``"config"``). Uploaded configs are data only: a JSON object, at most
@@ -16,14 +17,12 @@ Bad input raises :class:`ApiError` (HTTP 400) whose ``field`` names the request 
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Final
 
+from trainplan import inputs
 from trainplan.errors import TrainplanError
 
 MAX_BODY_BYTES: Final = 2_000_000
@@ -47,98 +46,21 @@ def error_body(err: TrainplanError) -> dict[str, object]:
     return {"error": {"field": err.field, "message": err.message}}
 
 
-# --- the flag table -----------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class Flag:
-    """One CLI flag as a JSON field: ``kind`` is ``"bool"`` (a store_true flag), ``"list"`` (a
-    repeatable flag) or ``"value"``."""
-
-    dest: str
-    option: str
-    kind: str
-    default: object
-    choices: tuple[object, ...] | None
-    convert: Callable[[str], object] | None
-    help: str
-
-    def parse(self, value: object) -> object:
-        """Validate and convert one JSON value exactly as argparse would the flag's text."""
-        if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise ApiError(self.dest, f"expected true or false, got {json.dumps(value)}")
-            return value
-        if self.kind == "list":  # a repeatable flag: a list of values (or one)
-            items = value if isinstance(value, list) else [value]
-            return [Flag(**{**self.__dict__, "kind": "value"}).parse(v) for v in items]
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise ApiError(self.dest, f"expected a string or a number, got {json.dumps(value)}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ApiError(self.dest, f"expected a finite number, got {value}")
-        text = str(value)
-        converted: object = text
-        if self.convert is not None:
-            try:
-                converted = self.convert(text)
-            except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
-                raise ApiError(self.dest, f"{self.option}: {exc}") from None
-        if self.choices is not None and converted not in self.choices:
-            choices = ", ".join(str(c) for c in self.choices)
-            raise ApiError(self.dest, f"{self.option}: {text!r} is not one of {choices}")
-        return converted
+# --- the fields ---------------------------------------------------------------------------------
+def estimate_flags() -> tuple[inputs.Field, ...]:
+    """The request fields of ``POST /api/estimate`` besides the model and the hardware: the layout,
+    recipe and cost fields of ``trainplan estimate`` (CLI order)."""
+    return inputs.ESTIMATE_FIELDS
 
 
-def _flags(add: Callable[[argparse.ArgumentParser], None]) -> tuple[Flag, ...]:
-    parser = argparse.ArgumentParser(add_help=False)
-    add(parser)
-    out: list[Flag] = []
-    for action in parser._actions:
-        if not action.option_strings:
-            continue
-        kind = "value"
-        if isinstance(action, argparse._StoreTrueAction):
-            kind = "bool"
-        elif isinstance(action, argparse._AppendAction):
-            kind = "list"
-        convert = action.type if callable(action.type) else None
-        out.append(
-            Flag(
-                dest=action.dest,
-                option=action.option_strings[0],
-                kind=kind,
-                default=action.default,
-                choices=tuple(action.choices) if action.choices is not None else None,
-                convert=convert,
-                help=action.help or "",
-            )
-        )
-    return tuple(out)
-
-
-@cache
-def estimate_flags() -> tuple[Flag, ...]:
-    """The layout, recipe and cost flags of ``trainplan estimate`` (CLI order)."""
-    from trainplan.cli import add_cost_arguments, add_layout_arguments, add_recipe_arguments
-
-    def add(p: argparse.ArgumentParser) -> None:
-        add_layout_arguments(p)
-        add_recipe_arguments(p)
-        add_cost_arguments(p)
-
-    return _flags(add)
-
-
-def _namespace(body: Mapping[str, object], flags: Sequence[Flag], known: Sequence[str]) -> argparse.Namespace:
-    """Defaults overlaid with the body's fields; an unknown field is an error naming it."""
-    by_dest = {f.dest: f for f in flags}
-    for key in body:
-        if key not in by_dest and key not in known:
-            raise ApiError(key, f"unknown field {key!r}; see GET /api/openapi.json for the fields")
-    ns = argparse.Namespace()
-    for f in flags:
-        value = body.get(f.dest)
-        default = list(f.default) if isinstance(f.default, list) else f.default
-        setattr(ns, f.dest, default if value is None else f.parse(value))
-    return ns
+def read_fields(
+    body: Mapping[str, object], fields: Sequence[inputs.Field], known: Sequence[str]
+) -> dict[str, Any]:
+    """Defaults overlaid with the body's fields; an unknown field is an error (400) naming it."""
+    try:
+        return inputs.read(body, fields, also=known)
+    except TrainplanError as err:
+        raise ApiError(err.field, err.message) from None
 
 
 def _lora_targets(body: dict[str, object]) -> dict[str, object]:
@@ -281,28 +203,25 @@ class EstimateInputs:
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
     """Parse an estimate request body into the four typed inputs and the cost options."""
-    from trainplan.cli import layout_from_args, recipe_from_args
     from trainplan.hardware.system import System
 
     obj = _lora_targets(_require_object(body))
-    ns = _namespace(obj, estimate_flags(), (*MODEL_FIELDS, *HARDWARE_FIELDS))
+    values = read_fields(obj, estimate_flags(), (*MODEL_FIELDS, *HARDWARE_FIELDS))
     model = model_from_body(obj)
     acc = accelerator if accelerator is not None else _accelerator(obj.get("hardware"))
-    recipe = recipe_from_args(ns)
-    layout = layout_from_args(ns)
     return EstimateInputs(
-        system=System(accelerator=acc, num_devices=ns.devices),
+        system=System(accelerator=acc, num_devices=values["devices"]),
         model=model,
-        recipe=recipe,
-        layout=layout,
-        price=ns.price,
-        provider=ns.provider,
-        pue=ns.pue,
+        recipe=inputs.build_recipe(values),
+        layout=inputs.build_layout(values),
+        price=values["price"],
+        provider=values["provider"],
+        pue=values["pue"],
     )
 
 
 def _run_estimate(inp: EstimateInputs) -> Any:
-    from trainplan.estimate import estimate
+    from trainplan.predict import estimate
 
     return estimate(
         inp.system,

@@ -1,7 +1,8 @@
 """``trainplan serve``: the local web page (docs/web.md).
 
-:func:`register` adds the subcommand to the main parser (``register(sub)`` in
-:mod:`trainplan.cli`); ``python -m trainplan.web`` runs the same command on its own.
+:func:`register` adds the subcommand to the main parser (``register(sub)`` in the ``trainplan``
+command); ``python -m trainplan.web`` runs the same command on its own. Registering imports
+neither the server nor the numeric core.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from trainplan.web.server import DEFAULT_HOST, DEFAULT_PORT
+from trainplan.web import DEFAULT_HOST, DEFAULT_PORT
 
 
 def _port(text: str) -> int:

@@ -1,49 +1,22 @@
 """The OpenAPI 3.1 document of the web API (``GET /api/openapi.json``).
 
 The paths and response shapes are written out here; the request fields of estimate, compare and
-plan are listed from the CLI's own flag table (:func:`trainplan.web.api.estimate_flags`), so
-their names, types, choices and defaults cannot drift from ``trainplan estimate``.
+plan are listed from the input schema the CLI's flags are built from (:mod:`trainplan.inputs`),
+so their names, types, choices and defaults cannot drift from ``trainplan estimate``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from trainplan import inputs
 from trainplan.web import api
 
 ERROR = {"$ref": "#/components/schemas/Error"}
 
 
-def _flag_schema(flag: api.Flag) -> dict[str, Any]:
-    if flag.kind == "bool":
-        schema: dict[str, Any] = {"type": "boolean", "default": bool(flag.default)}
-    elif flag.kind == "list":
-        schema = {
-            "type": ["array", "string"],
-            "items": {"type": "string"},
-            "default": list(flag.default) if isinstance(flag.default, list) else [],
-        }
-    else:
-        name = getattr(flag.convert, "__name__", "")
-        if flag.convert is int or "int" in name:
-            kind = "integer"
-        elif flag.convert is float or "float" in name:
-            kind = "number"
-        else:
-            kind = "string"
-        schema = {"type": [kind, "null"] if flag.default is None else kind}
-        if flag.default is not None:
-            schema["default"] = flag.default
-        if flag.choices is not None:
-            schema["enum"] = list(flag.choices)
-        if "positive" in name:
-            schema["exclusiveMinimum" if kind == "number" else "minimum"] = 0 if kind == "number" else 1
-    schema["description"] = f"CLI {flag.option}" + (f": {flag.help}" if flag.help else "")
-    return schema
-
-
-def _flag_properties(flags: tuple[api.Flag, ...]) -> dict[str, Any]:
-    return {f.dest: _flag_schema(f) for f in flags}
+def _flag_properties(fields: tuple[inputs.Field, ...]) -> dict[str, Any]:
+    return {f.name: f.json_schema() for f in fields}
 
 
 def _model_properties() -> dict[str, Any]:

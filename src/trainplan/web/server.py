@@ -24,11 +24,8 @@ from importlib import resources
 from typing import Any, Final
 
 from trainplan.errors import TrainplanError
-from trainplan.web import api
+from trainplan.web import DEFAULT_HOST, DEFAULT_PORT, api
 from trainplan.web.openapi import openapi_document
-
-DEFAULT_HOST: Final = "127.0.0.1"
-DEFAULT_PORT: Final = 8321
 
 STATIC_TYPES: Final = {
     ".html": "text/html; charset=utf-8",

@@ -1,0 +1,865 @@
+"""The input schema: every field a command, the web API and the Python API accept, declared once.
+
+Each :class:`Field` has the name used everywhere — the ``dest`` of its CLI flag (``--seq-len`` is
+``seq_len``), the web API's request field and the keyword of :func:`trainplan.estimate` — with
+its type, default, choices, help text and whether the planner searches it. Defaults and choices
+of recipe and layout fields are read from :class:`~trainplan.recipe.Recipe`,
+:class:`~trainplan.layout.Layout` and their constants, so each is written in one place; values
+are validated once, by those dataclasses' ``__post_init__``.
+
+Built from this table: the argparse flags of ``estimate``, ``plan``, ``compare``, ``export``,
+``run`` and ``verify`` (:func:`add_arguments`), the web API's body validation and its OpenAPI
+document (:mod:`trainplan.web.api`), and the keywords of :mod:`trainplan.api` (docs/api.md).
+:func:`build_recipe` and :func:`build_layout` turn parsed values into the typed inputs.
+
+Importing this module does not import argparse, numpy or the planner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from trainplan.cost import DEFAULT_PUE
+from trainplan.errors import TrainplanError
+from trainplan.export import TARGETS as EXPORT_TARGETS
+from trainplan.layout import (
+    GRAD_ACCUMULATIONS,
+    PIPELINE_SCHEDULES,
+    ZERO3_GRANULARITIES,
+    ZERO_STAGES,
+    Layout,
+)
+from trainplan.recipe import (
+    ATTENTIONS,
+    LORA_TARGETS,
+    METHODS,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTES,
+    STACKS,
+    LoRASpec,
+    Recipe,
+)
+
+if TYPE_CHECKING:
+    import argparse
+
+Group = Literal["input", "hardware", "layout", "recipe", "cost", "plan", "export", "verify", "run", "output"]
+ValueType = type[int] | type[float] | type[str] | type[bool]
+
+# Planner settings. ``trainplan.planner.search`` has the same values (tests/test_inputs.py pins
+# them); they are declared here so that building the CLI's parser does not import the planner.
+DEFAULT_MAX_DEVICES: Final = 1024
+OBJECTIVES: Final = ("time", "cost", "balanced")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Field:
+    """One input: its name (a CLI ``dest``, a JSON field, a Python keyword) and how it is read.
+
+    ``type`` is ``bool`` for a switch (a CLI ``--flag`` without a value, always ``False`` by
+    default), else the type of the value; ``repeatable`` fields are lists (a CLI flag given several
+    times). ``positive`` values must be > 0. ``searchable``: the planner searches this field when a
+    plan request leaves it open (``None``); a field that is not searchable is the same for every
+    plan the planner ranks.
+    """
+
+    name: str
+    group: Group
+    type: ValueType = str
+    default: object = None
+    choices: tuple[object, ...] | None = None
+    help: str = ""
+    searchable: bool = False
+    positive: bool = False
+    repeatable: bool = False
+    required: bool = False
+    positional: bool = False
+    metavar: str | None = None
+
+    @property
+    def option(self) -> str:
+        """The CLI spelling: ``--seq-len`` (the name for a positional argument)."""
+        return self.name if self.positional else "--" + self.name.replace("_", "-")
+
+    def convert(self, text: str) -> object:
+        """CLI text to a value (the argparse ``type``); ``ValueError`` with a message when bad."""
+        if self.type is int:
+            try:
+                number = int(text)
+            except ValueError:
+                if self.positive:
+                    raise ValueError(f"expected a positive integer, got {text!r}") from None
+                raise
+            if self.positive and number <= 0:
+                raise ValueError(f"expected a positive integer, got {text!r}")
+            return number
+        if self.type is float:
+            try:
+                real = float(text)
+            except ValueError:
+                if self.positive:
+                    raise ValueError(f"expected a positive number, got {text!r}") from None
+                raise
+            if self.positive and not real > 0:
+                raise ValueError(f"expected a positive number, got {text!r}")
+            return real
+        return text
+
+    def parse(self, value: object) -> object:
+        """A JSON or Python value, checked and converted as the CLI checks the flag's text.
+
+        ``None`` is the default. Raises :class:`~trainplan.errors.TrainplanError` naming the field.
+        """
+        if value is None:
+            return list(self.default) if isinstance(self.default, list) else self.default
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise TrainplanError(self.name, f"expected true or false, got {json.dumps(_jsonable(value))}")
+            return value
+        if self.repeatable:
+            items = list(value) if isinstance(value, list | tuple) else [value]
+            one = dataclasses.replace(self, repeatable=False, default=None)
+            return [one.parse(v) for v in items]
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise TrainplanError(
+                self.name, f"expected a string or a number, got {json.dumps(_jsonable(value))}"
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TrainplanError(self.name, f"expected a finite number, got {value}")
+        text = str(value)
+        try:
+            converted = self.convert(text)
+        except ValueError as exc:
+            raise TrainplanError(self.name, f"{self.option}: {exc}") from None
+        if self.choices is not None and converted not in self.choices:
+            choices = ", ".join(str(c) for c in self.choices)
+            raise TrainplanError(self.name, f"{self.option}: {text!r} is not one of {choices}")
+        return converted
+
+    def json_schema(self) -> dict[str, Any]:
+        """The field as a JSON Schema property (OpenAPI 3.1), described by its CLI flag."""
+        schema: dict[str, Any]
+        if self.type is bool:
+            schema = {"type": "boolean", "default": bool(self.default)}
+        elif self.repeatable:
+            schema = {"type": ["array", "string"], "items": {"type": "string"}, "default": []}
+        else:
+            kind = {int: "integer", float: "number"}.get(self.type, "string")
+            schema = {"type": [kind, "null"] if self.default is None else kind}
+            if self.default is not None:
+                schema["default"] = self.default
+            if self.choices is not None:
+                schema["enum"] = list(self.choices)
+            if self.positive:
+                schema["exclusiveMinimum" if kind == "number" else "minimum"] = 0 if kind == "number" else 1
+        schema["description"] = f"CLI {self.option}" + (f": {self.help}" if self.help else "")
+        return schema
+
+
+def _jsonable(value: object) -> object:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def _default(cls: type[Any], name: str) -> Any:
+    """The declared default of dataclass field ``name`` of ``cls`` (the one place it is written)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is dataclasses.MISSING:
+                raise AssertionError(f"{cls.__name__}.{name} has no default")
+            return f.default
+    raise AssertionError(f"{cls.__name__} has no field {name}")
+
+
+def _switch(name: str, group: Group, help: str, **kw: Any) -> Field:
+    return Field(name=name, group=group, type=bool, default=False, help=help, **kw)
+
+
+# --- the model and the hardware -------------------------------------------------------------------
+MODEL: Final = Field(
+    name="model",
+    group="input",
+    positional=True,
+    help="preset name (see `trainplan models`) or path to a Hugging Face config.json",
+)
+HARDWARE: Final = Field(
+    name="hardware", group="hardware", required=True, help="accelerator name (see `trainplan hardware list`)"
+)
+HARDWARE_FILE: Final = Field(
+    name="hardware_file",
+    group="hardware",
+    repeatable=True,
+    default=[],
+    metavar="PATH",
+    help="extra accelerator catalog file (TOML, same schema as the built-ins); repeatable",
+)
+
+# --- the layout -----------------------------------------------------------------------------------
+LAYOUT_FIELDS: Final = (
+    Field(
+        name="devices",
+        group="layout",
+        type=int,
+        positive=True,
+        default=1,
+        searchable=True,
+        help="number of accelerators (dp = devices/(tp·pp·cp))",
+    ),
+    Field(
+        name="tp",
+        group="layout",
+        type=int,
+        positive=True,
+        default=_default(Layout, "tp"),
+        searchable=True,
+        help="tensor-parallel degree",
+    ),
+    Field(
+        name="pp",
+        group="layout",
+        type=int,
+        positive=True,
+        default=_default(Layout, "pp"),
+        searchable=True,
+        help="pipeline stages",
+    ),
+    Field(
+        name="cp",
+        group="layout",
+        type=int,
+        positive=True,
+        default=_default(Layout, "cp"),
+        searchable=True,
+        help="context-parallel degree",
+    ),
+    Field(
+        name="ep",
+        group="layout",
+        type=int,
+        positive=True,
+        default=_default(Layout, "ep"),
+        searchable=True,
+        help="expert-parallel degree",
+    ),
+    Field(
+        name="zero",
+        group="layout",
+        type=int,
+        default=_default(Layout, "zero"),
+        choices=ZERO_STAGES,
+        searchable=True,
+        help="ZeRO stage (FSDP full shard = 3)",
+    ),
+    _switch(
+        "sequence_parallel",
+        "layout",
+        "Megatron sequence parallelism (needs tp > 1)",
+        searchable=True,
+    ),
+    Field(
+        name="pp_schedule",
+        group="layout",
+        default=_default(Layout, "pp_schedule"),
+        choices=PIPELINE_SCHEDULES,
+        searchable=True,
+        help="pipeline schedule: 1f1b, interleaved (with --virtual-stages) or zero-bubble zb",
+    ),
+    Field(
+        name="virtual_stages",
+        group="layout",
+        type=int,
+        positive=True,
+        default=_default(Layout, "virtual_stages"),
+        searchable=True,
+        help="interleaved pipeline chunks per device",
+    ),
+    _switch(
+        "no_overlap_grad_reduce",
+        "layout",
+        "reduce gradients after the backward instead of overlapping it (older Megatron-LM)",
+    ),
+    _switch(
+        "tp_comm_overlap",
+        "layout",
+        "overlap the sequence-parallel collectives with the GEMMs (Megatron-Core --tp-comm-overlap, "
+        "torchtitan async TP; needs --sequence-parallel)",
+    ),
+    _switch(
+        "pp_comm_overlap",
+        "layout",
+        "overlap pipeline sends with other micro-batches' compute (Megatron-Core overlap_p2p_comm)",
+    ),
+    Field(
+        name="zero3_granularity",
+        group="layout",
+        default=_default(Layout, "zero3_granularity"),
+        choices=ZERO3_GRANULARITIES,
+        help="ZeRO-3 collectives: one per block, prefetched (FSDP/FSDP2, default) or one blocking "
+        "gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
+    ),
+    Field(
+        name="grad_accumulation",
+        group="layout",
+        default=_default(Layout, "grad_accumulation"),
+        choices=GRAD_ACCUMULATIONS,
+        help="how micro-batch gradients are summed: inside the weight-gradient GEMM (Megatron-LM "
+        "--gradient-accumulation-fusion; default), by PyTorch autograd into .grad, or by a hook into "
+        "a main-gradient buffer (Megatron-LM LocalDDP 2021-2022)",
+    ),
+)
+
+# --- the recipe -----------------------------------------------------------------------------------
+RECIPE_FIELDS: Final = (
+    Field(
+        name="method",
+        group="recipe",
+        default=_default(Recipe, "method"),
+        choices=METHODS,
+        help="what is trained: pre-training, a full fine-tune, LoRA / QLoRA adapters, or DPO / PPO / GRPO",
+    ),
+    Field(
+        name="precision",
+        group="recipe",
+        default=_default(Recipe, "precision"),
+        choices=PRECISIONS,
+        searchable=True,
+        help="number format of weights, gradients, optimizer states and GEMMs (the table in trainplan.recipe)",
+    ),
+    Field(
+        name="optimizer",
+        group="recipe",
+        default=_default(Recipe, "optimizer"),
+        choices=OPTIMIZERS,
+        help="optimizer, for its state memory and step time",
+    ),
+    Field(
+        name="seq_len",
+        group="recipe",
+        type=int,
+        positive=True,
+        default=_default(Recipe, "seq_len"),
+        help="tokens per sequence",
+    ),
+    Field(
+        name="micro_batch",
+        group="recipe",
+        type=int,
+        positive=True,
+        default=_default(Recipe, "micro_batch"),
+        searchable=True,
+        help="sequences per device",
+    ),
+    Field(
+        name="global_batch",
+        group="recipe",
+        type=int,
+        positive=True,
+        default=_default(Recipe, "global_batch"),
+        help="sequences per optimizer step (default dp·micro)",
+    ),
+    Field(
+        name="tokens",
+        group="recipe",
+        type=float,
+        positive=True,
+        default=_default(Recipe, "tokens"),
+        help="tokens to train for (time, cost, energy)",
+    ),
+    Field(
+        name="recompute",
+        group="recipe",
+        default=_default(Recipe, "recompute"),
+        choices=RECOMPUTES,
+        searchable=True,
+        help="activation recompute: none; selective (the attention core, Korthikanti et al. 2022); full "
+        "(each block again); sac (torchtitan's per-op selective checkpointing: every other matmul "
+        "output and the attention output kept, the rest recomputed)",
+    ),
+    Field(
+        name="stack",
+        group="recipe",
+        default=_default(Recipe, "stack"),
+        choices=STACKS,
+        help="training software, for the calibrated compute efficiency: megatron (Megatron-Core, NeMo, "
+        "Megatron Bridge) or pytorch (torchtitan, torchtune, FSDP/FSDP2, llm-foundry, Accelerate)",
+    ),
+    _switch(
+        "recompute_early_stop",
+        "recipe",
+        "full (or sac) recompute by PyTorch's non-reentrant checkpoint with early stop (FSDP2, "
+        "torchtune, Accelerate): the trailing GEMM no saved tensor needs is not recomputed",
+    ),
+    Field(
+        name="attention",
+        group="recipe",
+        default=_default(Recipe, "attention"),
+        choices=ATTENTIONS,
+        help="attention kernel: flash (no s² scores kept) or eager",
+    ),
+    Field(
+        name="offload",
+        group="recipe",
+        default=_default(Recipe, "offload"),
+        choices=OFFLOADS,
+        searchable=True,
+        help="model states kept in host memory: none, the optimizer states, or those and the parameters",
+    ),
+    Field(
+        name="lora_rank",
+        group="recipe",
+        type=int,
+        positive=True,
+        help=f"LoRA rank r, alpha = 2r (default {_default(LoRASpec, 'rank')}; needs --method lora or qlora)",
+    ),
+    Field(
+        name="lora_targets",
+        group="recipe",
+        help="comma-separated modules among " + ",".join(LORA_TARGETS),
+    ),
+    _switch("no_double_quant", "recipe", "QLoRA without double quantization"),
+    Field(
+        name="dropout",
+        group="recipe",
+        type=float,
+        default=_default(Recipe, "dropout"),
+        help="dropout probability (stores 1-byte masks)",
+    ),
+    _switch(
+        "no_master_weights",
+        "recipe",
+        "pure 16-bit training: no FP32 master copy, optimizer states in the weight dtype",
+    ),
+    Field(
+        name="loss_chunks",
+        group="recipe",
+        type=int,
+        positive=True,
+        default=_default(Recipe, "loss_chunks"),
+        help="chunked cross-entropy: LM head and FP32 upcast per sequence chunk (torchtune: 8)",
+    ),
+    _switch(
+        "optimizer_in_backward",
+        "recipe",
+        "step each parameter during backward and free its gradient (torchtune optimizer_in_bwd)",
+    ),
+    _switch(
+        "paged_optimizer",
+        "recipe",
+        "optimizer states in CUDA unified memory (bitsandbytes Paged*), outside the allocator",
+    ),
+)
+
+# --- cost -----------------------------------------------------------------------------------------
+COST_FIELDS: Final = (
+    Field(
+        name="price",
+        group="cost",
+        type=float,
+        positive=True,
+        help="USD per device-hour (overrides the catalog)",
+    ),
+    Field(name="provider", group="cost", help="use this provider's dated catalog offering (e.g. aws, gcp)"),
+    Field(
+        name="pue",
+        group="cost",
+        type=float,
+        default=DEFAULT_PUE,
+        help="data-centre power usage effectiveness for energy (>= 1)",
+    ),
+)
+
+# --- plan and compare -----------------------------------------------------------------------------
+PLAN_HARDWARE: Final = Field(
+    name="hardware",
+    group="hardware",
+    default="any",
+    help="'any' (the whole catalog) or comma-separated accelerator names",
+)
+COMPARE_HARDWARE: Final = Field(
+    name="hardware", group="hardware", required=True, help="comma-separated accelerators to compare"
+)
+PLAN_DEVICES: Final = Field(
+    name="devices",
+    group="plan",
+    searchable=True,
+    help="comma-separated device counts to consider (default: 1,2,4 and node/domain multiples)",
+)
+COMPARE_DEVICES: Final = Field(
+    name="devices",
+    group="plan",
+    type=int,
+    positive=True,
+    searchable=True,
+    help="fixed device count (default: searched)",
+)
+PLAN_CONSTRAINTS: Final = (
+    Field(name="budget", group="plan", type=float, positive=True, help="maximum cost of the run, USD"),
+    Field(name="deadline", group="plan", type=float, positive=True, help="maximum time to train, hours"),
+    Field(name="top", group="plan", type=int, positive=True, default=5, help="how many ranked plans to show"),
+)
+SEARCH_FIELDS: Final = (
+    Field(
+        name="max_devices",
+        group="plan",
+        type=int,
+        positive=True,
+        default=DEFAULT_MAX_DEVICES,
+        help=f"largest device count searched (default {DEFAULT_MAX_DEVICES})",
+    ),
+    Field(
+        name="objective",
+        group="plan",
+        default="time",
+        choices=OBJECTIVES,
+        help="rank by time, cost or both",
+    ),
+    Field(
+        name="precisions",
+        group="plan",
+        default="bf16",
+        help="precisions the search may use when --precision is not given (comma-separated, default bf16)",
+    ),
+    Field(
+        name="device_price",
+        group="plan",
+        repeatable=True,
+        default=[],
+        metavar="NAME=USD",
+        help="price of one accelerator in USD per device-hour (repeatable; overrides the catalog)",
+    ),
+)
+
+# --- export, verify, run --------------------------------------------------------------------------
+EXPORT_FIELDS: Final = (
+    Field(
+        name="to",
+        group="export",
+        required=True,
+        choices=EXPORT_TARGETS,
+        help="target engine (see docs/export.md)",
+    ),
+    Field(name="output", group="export", metavar="FILE", help="write here instead of stdout"),
+)
+VERIFY_FIELDS: Final = (
+    Field(
+        name="depth",
+        group="verify",
+        type=int,
+        positive=True,
+        help="trace this many layers (default: all)",
+    ),
+    Field(
+        name="device",
+        group="verify",
+        default="fake",
+        choices=("fake", "cuda"),
+        help="fake: FakeTensorMode on CPU (exact, no memory)",
+    ),
+)
+RUN_FIELDS: Final = (
+    Field(
+        name="steps",
+        group="run",
+        type=int,
+        positive=True,
+        default=8,
+        help="optimizer steps to train (default 8)",
+    ),
+    Field(
+        name="warmup",
+        group="run",
+        type=int,
+        default=1,
+        help="first steps left out of the median step time (default 1)",
+    ),
+    Field(
+        name="device",
+        group="run",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="cuda (NCCL) or cpu (gloo); auto picks cuda when PyTorch sees a GPU",
+    ),
+    Field(name="lr", group="run", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)"),
+    Field(name="seed", group="run", type=int, default=0, help="seed of the weights and the synthetic data"),
+    Field(
+        name="timeout",
+        group="run",
+        type=float,
+        metavar="SECONDS",
+        help="stop the run after this long",
+    ),
+    _switch("verbose", "run", "stream torchrun's and the workers' output"),
+)
+
+# --- output (CLI only: how the answer is printed) -------------------------------------------------
+JSON: Final = _switch("json", "output", "print one JSON object with stable keys")
+GIB: Final = _switch("gib", "output", "print sizes in GiB (2^30) instead of GB (10^9)")
+PLOT: Final = Field(
+    name="plot",
+    group="output",
+    metavar="FILE",
+    help="also save a plot (.png or .svg; needs trainplan[plot])",
+)
+
+
+def open_for_search(fields: Iterable[Field]) -> tuple[Field, ...]:
+    """``fields`` as a plan request takes them: each searchable one defaults to ``None`` (searched)."""
+    return tuple(dataclasses.replace(f, default=None) if f.searchable else f for f in fields)
+
+
+ESTIMATE_FIELDS: Final = (*LAYOUT_FIELDS, *RECIPE_FIELDS, *COST_FIELDS)
+"""The layout, recipe and cost fields of ``estimate`` (the keywords of :func:`trainplan.estimate`)."""
+PLAN_FIELDS: Final = (
+    PLAN_HARDWARE,
+    PLAN_DEVICES,
+    *PLAN_CONSTRAINTS,
+    HARDWARE_FILE,
+    *SEARCH_FIELDS,
+    *open_for_search(RECIPE_FIELDS),
+    *COST_FIELDS,
+)
+"""Every field of ``plan`` but the model, in CLI order."""
+COMPARE_FIELDS: Final = (
+    COMPARE_HARDWARE,
+    COMPARE_DEVICES,
+    HARDWARE_FILE,
+    *SEARCH_FIELDS,
+    *open_for_search(RECIPE_FIELDS),
+    *COST_FIELDS,
+)
+"""Every field of ``compare`` but the model, in CLI order."""
+COMMANDS: Final[dict[str, tuple[Field, ...]]] = {
+    "estimate": (MODEL, HARDWARE, HARDWARE_FILE, *ESTIMATE_FIELDS, JSON, GIB, PLOT),
+    "plan": (MODEL, *PLAN_FIELDS, JSON, PLOT),
+    "compare": (MODEL, *COMPARE_FIELDS, JSON, PLOT),
+    "export": (MODEL, HARDWARE, HARDWARE_FILE, *LAYOUT_FIELDS, *RECIPE_FIELDS, *EXPORT_FIELDS),
+    "verify": (MODEL, *LAYOUT_FIELDS, *RECIPE_FIELDS, *VERIFY_FIELDS, JSON),
+    "run": (
+        MODEL,
+        dataclasses.replace(
+            HARDWARE, help="accelerator the prediction is for (see `trainplan hardware list`)"
+        ),
+        HARDWARE_FILE,
+        *LAYOUT_FIELDS,
+        *RECIPE_FIELDS,
+        *RUN_FIELDS,
+        JSON,
+    ),
+}
+"""The fields of each command that reads a model, a layout and a recipe, in CLI order."""
+
+
+def _same(a: Field, b: Field) -> bool:
+    """One declaration: equal but for the default a plan request opens (:func:`open_for_search`)."""
+    return a.name == b.name and a.help == b.help and a.group == b.group
+
+
+def _distinct(commands: Mapping[str, Sequence[Field]]) -> tuple[Field, ...]:
+    out: list[Field] = []
+    for fields in commands.values():
+        out.extend(f for f in fields if not any(_same(f, o) for o in out))
+    return tuple(out)
+
+
+ALL_FIELDS: Final = _distinct(COMMANDS)
+"""Every field of every command, once each; ``devices``, ``hardware`` and ``device`` have one
+declaration per meaning (estimate's device count, plan's list of counts, ...)."""
+
+GROUP_TITLES: Final[dict[Group, str]] = {"layout": "layout", "recipe": "recipe", "cost": "cost", "run": "run"}
+
+
+# --- argparse -------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser, fields: Sequence[Field]) -> None:
+    """Add ``fields`` to ``parser`` as flags, in order; the layout, recipe, cost and run fields go
+    into argument groups of those titles (as ``--help`` lists them)."""
+
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in fields:
+        target: argparse.ArgumentParser | argparse._ArgumentGroup = parser
+        title = GROUP_TITLES.get(f.group)
+        if title is not None:
+            if title not in groups:
+                groups[title] = parser.add_argument_group(title)
+            target = groups[title]
+        kw: dict[str, Any] = {"help": f.help or None}
+        if f.type is bool:
+            target.add_argument(f.option, action="store_true", **kw)
+            continue
+        if f.metavar is not None:
+            kw["metavar"] = f.metavar
+        if f.choices is not None:
+            kw["choices"] = f.choices
+        if f.type is not str:
+            kw["type"] = _argparse_type(f)
+        if f.positional:
+            target.add_argument(f.name, **kw)
+            continue
+        if f.repeatable:
+            kw["action"] = "append"
+        if f.required:
+            kw["required"] = True
+        else:
+            kw["default"] = list(f.default) if isinstance(f.default, list) else f.default
+        target.add_argument(f.option, **kw)
+
+
+def _argparse_type(f: Field) -> Any:
+    """``int`` / ``float`` themselves (argparse's own messages), else a converter whose errors
+    argparse prints as they are."""
+    if not f.positive:
+        return f.type
+    import argparse
+
+    def convert(text: str) -> object:
+        try:
+            return f.convert(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = f"positive_{f.type.__name__}"
+    return convert
+
+
+# --- values ---------------------------------------------------------------------------------------
+def read(
+    values: Mapping[str, object], fields: Sequence[Field], *, also: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Each field's value from ``values`` (checked by :meth:`Field.parse`), its default where
+    absent or ``None``. A key that is neither a field nor in ``also`` is an error naming it."""
+    by_name = {f.name: f for f in fields}
+    allowed = set(also)
+    for key in values:
+        if key not in by_name and key not in allowed:
+            raise TrainplanError(key, unknown_message(key, by_name))
+    return {f.name: f.parse(values.get(f.name)) for f in fields}
+
+
+def unknown_message(key: str, known: Iterable[str]) -> str:
+    """What to say about an unknown field ``key``: the close names, else where the list is."""
+    import difflib
+
+    close = difflib.get_close_matches(key, list(known), n=3)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"unknown field {key!r}; {hint}the fields are listed in docs/api.md and GET /api/openapi.json"
+
+
+def names(value: object, field: str) -> list[str]:
+    """A list of names (or numbers) from a JSON/Python list or the CLI's comma-separated text."""
+    if isinstance(value, str):
+        return [n.strip() for n in value.split(",") if n.strip()]
+    if isinstance(value, list | tuple) and all(
+        isinstance(v, str | int) and not isinstance(v, bool) for v in value
+    ):
+        return [str(v).strip() for v in value if str(v).strip()]
+    raise TrainplanError(field, "expected a list of names (or comma-separated text)")
+
+
+def fill_defaults(values: Mapping[str, object], fields: Sequence[Field]) -> dict[str, object]:
+    """``values`` with each of ``fields`` that is ``None`` replaced by its estimate default
+    (what a plan request's open recipe fields are when the planner does not search them)."""
+    out = dict(values)
+    for f in fields:
+        if out.get(f.name) is None:
+            out[f.name] = f.default
+    return out
+
+
+def build_recipe(values: Mapping[str, Any]) -> Recipe:
+    """The :class:`~trainplan.recipe.Recipe` the recipe fields in ``values`` describe.
+
+    ``lora_rank``, ``lora_targets`` and ``no_double_quant`` build its
+    :class:`~trainplan.recipe.LoRASpec` (alpha = 2 × rank); validation is the dataclasses'.
+    """
+    method = values["method"]
+    rank = values.get("lora_rank")
+    targets = values.get("lora_targets")
+    lora = None
+    if method in ("lora", "qlora"):
+        rank = rank if rank is not None else _default(LoRASpec, "rank")
+        lora = LoRASpec(
+            rank=rank,
+            alpha=2.0 * rank,
+            targets=tuple(t.strip() for t in targets.split(",")) if targets else LORA_TARGETS,
+            double_quant=not values.get("no_double_quant", False),
+        )
+    elif rank is not None or targets:
+        raise TrainplanError(
+            "lora_rank", f"--lora-rank/--lora-targets need --method lora or qlora, not {method}"
+        )
+    return Recipe(
+        method=method,
+        precision=values["precision"],
+        optimizer=values["optimizer"],
+        seq_len=values["seq_len"],
+        micro_batch=values["micro_batch"],
+        global_batch=values.get("global_batch"),
+        tokens=values.get("tokens"),
+        recompute=values["recompute"],
+        attention=values["attention"],
+        offload=values["offload"],
+        lora=lora,
+        dropout=values["dropout"],
+        master_weights=not values.get("no_master_weights", False),
+        loss_chunks=values["loss_chunks"],
+        optimizer_in_backward=values.get("optimizer_in_backward", False),
+        paged_optimizer=values.get("paged_optimizer", False),
+        recompute_early_stop=values.get("recompute_early_stop", False),
+        stack=values["stack"],
+    )
+
+
+def build_layout(values: Mapping[str, Any]) -> Layout:
+    """The :class:`~trainplan.layout.Layout` the layout fields in ``values`` describe
+    (dp = devices / (tp·pp·cp))."""
+    return Layout.for_devices(
+        values["devices"],
+        tp=values["tp"],
+        pp=values["pp"],
+        cp=values["cp"],
+        ep=values["ep"],
+        zero=values["zero"],
+        sequence_parallel=values.get("sequence_parallel", False),
+        pp_schedule=values["pp_schedule"],
+        virtual_stages=values["virtual_stages"],
+        overlap_grad_reduce=not values.get("no_overlap_grad_reduce", False),
+        tp_comm_overlap=values.get("tp_comm_overlap", False),
+        pp_comm_overlap=values.get("pp_comm_overlap", False),
+        zero3_granularity=values["zero3_granularity"],
+        grad_accumulation=values["grad_accumulation"],
+    )
+
+
+# --- docs ---------------------------------------------------------------------------------------
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, tuple):
+        return ", ".join(f"`{v}`" for v in value)
+    return f"`{json.dumps(value)}`"
+
+
+def fields_markdown() -> str:
+    """The table of every field in docs/api.md (tests/test_api.py checks it is current)."""
+    lines = [
+        "| field | CLI | type | default | choices | planner searches | commands | what |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in ALL_FIELDS:
+        commands = ", ".join(c for c, fields in COMMANDS.items() if any(_same(f, g) for g in fields))
+        kind = ("list of " if f.repeatable else "") + f.type.__name__ + (" > 0" if f.positive else "")
+        default = "required" if f.required or f.positional else _cell(f.default)
+        what = f.help.replace("|", "\\|")
+        lines.append(
+            f"| `{f.name}` | `{f.option}` | {kind} | {default} | {_cell(f.choices)} | "
+            f"{'yes' if f.searchable else ''} | {commands} | {what} |"
+        )
+    return "\n".join(lines) + "\n"
