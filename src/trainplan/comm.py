@@ -453,16 +453,22 @@ class Network:
         """Time of one collective of ``kind`` with an ``n_bytes`` buffer over the placed group."""
         if placement.level == "none" or n_bytes == 0:
             return 0.0
-        if placement.level == "scale_up":
-            return hierarchical_s(kind, n_bytes, placement.size, placement.size, self.scale_up, self.scale_up)
-        if self.scale_out is None:
+        if n_bytes < 0:
+            raise TrainplanError("n_bytes", f"must be >= 0, got {n_bytes}")
+        up = self.scale_up
+        up_link = (up.bandwidth_bytes_per_s, up.latency_s, up.efficiency)
+        if placement.level == "scale_up":  # the links were checked when built (LinkLevel)
+            return float(collective_time_s(kind, n_bytes, placement.size, placement.size, up_link, up_link))
+        out = self.scale_out
+        if out is None:
             raise CatalogError(
                 "scale_out",
                 f"the {placement.name} group spans {placement.domains} scale-up domains but the system has "
                 "no scale-out network; keep the group inside one domain or add a scale-out link",
             )
-        return hierarchical_s(
-            kind, n_bytes, placement.size, placement.ranks_per_domain, self.scale_up, self.scale_out
+        out_link = (out.bandwidth_bytes_per_s, out.latency_s, out.efficiency)
+        return float(
+            collective_time_s(kind, n_bytes, placement.size, placement.ranks_per_domain, up_link, out_link)
         )
 
 

@@ -989,6 +989,23 @@ class StageFlops:
 
 
 @functools.lru_cache(maxsize=1024)
+def _distinct_dense_stages(num_layers: int, pp: int, virtual_stages: int, peft: bool) -> tuple[int, ...]:
+    """The first, the last, and the first middle stage of each (length, holds layer 0 under PEFT)
+    signature: the stages of a dense model that do different work, in order."""
+    stages = stage_layers(num_layers, pp, virtual_stages)
+    seen: set[tuple[int, bool]] = set()
+    out = []
+    for r, layers in enumerate(stages):
+        sig = (len(layers), peft and 0 in layers[:1])
+        if 0 < r < pp - 1:
+            if sig in seen:
+                continue
+            seen.add(sig)
+        out.append(r)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
 def stage_layers(num_layers: int, pp: int, virtual_stages: int = 1) -> tuple[tuple[int, ...], ...]:
     """Layers of each pipeline stage: contiguous chunks, the first ``L mod (pp·v)`` chunks one longer.
 
@@ -1047,15 +1064,15 @@ def device_flops(
     stages = stage_layers(spec.num_layers, layout.pp, layout.virtual_stages)
     # Dense stages of equal length do the same work (PEFT: the first layer is its own kind).
     by_length: dict[tuple[int, bool], _LayerPasses] = {}
-    last = layout.pp - 1
-    middle_seen: set[tuple[int, bool]] = set()
-    for r, layers in enumerate(stages):
+    keep = (
+        _distinct_dense_stages(spec.num_layers, layout.pp, layout.virtual_stages, recipe.is_peft)
+        if distinct and spec.moe is None
+        else range(layout.pp)
+    )
+    for r in keep:
+        layers = stages[r]
         if spec.moe is None:
             sig = (len(layers), recipe.is_peft and 0 in layers[:1])
-            if distinct and 0 < r < last:
-                if sig in middle_seen:
-                    continue  # the same work as an earlier middle stage
-                middle_seen.add(sig)
             got = by_length.get(sig)
             if got is None:
                 got = by_length[sig] = _sum_layers(spec, layers, recipe, b, causal, split, cache)

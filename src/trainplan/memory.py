@@ -31,7 +31,6 @@ in two named terms (:func:`tp_embedding_grad_extra_params`, :func:`sp_saves_gath
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -1215,7 +1214,7 @@ def _stage_breakdown(
     acts = stage_activations(model, recipe, layout, stage, num_microbatches)
     act_terms = acts.terms
     fields = stage_memory_fields(
-        {f.name: getattr(st, f.name) for f in dataclasses.fields(st) if f.name != "trainable"},
+        vars(st),
         activations=acts.total_bytes,
         logits_saved=acts.logits_saved_bytes,
         logits_transient=acts.logits_transient_bytes,

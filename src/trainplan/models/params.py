@@ -33,6 +33,7 @@ LayerNorm (2h) that Eq. 2 leaves out.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -200,8 +201,10 @@ class ParamCounts:
         return out
 
 
+@functools.lru_cache(maxsize=256)
 def count_params(spec: ModelSpec) -> ParamCounts:
-    """Exact parameter counts of ``spec`` (see the module docstring for each formula)."""
+    """Exact parameter counts of ``spec`` (see the module docstring for each formula); the result
+    is immutable and read by every cost family, so it is computed once per spec."""
     h, L = spec.hidden_size, spec.num_layers
     n_moe = spec.num_moe_layers
     n_dense = L - n_moe
