@@ -90,3 +90,11 @@ def test_the_planner_keeps_no_copy_of_the_step_time_or_collective_formulas() -> 
         "run_totals(",
     ):
         assert shared in text, shared
+
+
+def test_no_term_is_grouped_by_its_label() -> None:
+    """The web page, the plots and the planner read a term's group from the registry, never by
+    matching its label (a renamed label would silently move a term to another group)."""
+    for path in SRC.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert 'startswith("compute' not in text and 'startswith("offload' not in text, path

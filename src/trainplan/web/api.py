@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from trainplan import inputs
 from trainplan.errors import TrainplanError
+from trainplan.terms import TIME_TERMS
 
 MAX_BODY_BYTES: Final = 2_000_000
 """Largest request body read (a 1 MB config.json plus the other fields, with room to spare)."""
@@ -172,22 +173,12 @@ def estimate_payload(est: Any) -> dict[str, object]:
     out = dict(est.to_dict())
     out["terms"] = {
         "memory": [{"name": n, "bytes": float(v)} for n, v in est.memory.terms()],
-        "time": [{"name": n, "s": float(v), "group": time_group(n)} for n, v in est.time.terms()],
+        "time": [
+            {"name": t.label, "key": t.key, "s": float(getattr(est.time, t.key)), "group": t.group}
+            for t in TIME_TERMS
+        ],
     }
     return out
-
-
-def time_group(term: str) -> str:
-    """The step-time plot group of a ``TimeBreakdown`` term: compute, communication, bubble, ..."""
-    if term.startswith("compute"):
-        return "compute"
-    if term == "pipeline bubble":
-        return "bubble"
-    if term in ("optimizer step", "gradient accumulation"):
-        return "optimizer"
-    if term.startswith("offload"):
-        return "offload"
-    return "communication"
 
 
 @dataclass(frozen=True, kw_only=True)

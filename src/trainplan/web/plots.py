@@ -123,7 +123,7 @@ def _memory_panel(ax: Any, est: Mapping[str, Any]) -> None:
 
 
 def _time_panel(ax: Any, est: Mapping[str, Any]) -> None:
-    from trainplan.web.api import time_group
+    from trainplan.terms import group_of
 
     terms = est.get("terms", {}).get("time")
     if terms is None:
@@ -138,7 +138,7 @@ def _time_panel(ax: Any, est: Mapping[str, Any]) -> None:
         value = float(term["s"])
         if value <= 0:
             continue
-        group = str(term.get("group") or time_group(str(term["name"])))
+        group = str(term.get("group") or group_of(str(term["name"])))
         shades = TIME_COLORS.get(group, ("#888888",))
         i = used[group] = used.get(group, -1) + 1
         ax.barh(
