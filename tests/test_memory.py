@@ -306,3 +306,15 @@ def test_sac_is_refused_where_it_is_not_modelled() -> None:
     # pipeline parallelism, ZeRO and FSDP are fine
     memory_breakdown(llama7b(), replace(r, global_batch=8), Layout(pp=2, dp=2, zero=1))
     memory_breakdown(llama7b(), r, Layout(dp=8, zero=3))
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_no_memory_term_is_negative(method: str, recompute: str) -> None:
+    """A saving is never a negative part of the sum: the frozen first norm of PEFT is taken out of
+    the terms that counted it, every named term stays >= 0."""
+    from trainplan import estimate as run_estimate
+
+    e = run_estimate("llama-3.2-1b", hardware="h100-sxm", method=method, recompute=recompute, seq_len=1024)
+    assert all(v >= 0 for v in e.memory.activation_terms.values()), e.memory.activation_terms
+    assert all(v >= 0 for _, v in e.memory.terms())

@@ -1191,7 +1191,9 @@ def stage_activations(
             # (the embedding output) nor its statistics (traced).
             first = layer_activations(model, recipe, layout, layers[0]).terms
             stats = first["norm_stats"] / (2 * (2 if model.post_norms else 1))
-            act_terms["frozen_first_norm"] = -inflight * (first["attn_norm_input"] + stats)
+            # Taken out of the terms that counted them for every layer: no term is negative.
+            act_terms["attn_norm_input"] -= inflight * first["attn_norm_input"]
+            act_terms["norm_stats"] -= inflight * stats
     logits_saved, logits_transient = (0.0, 0.0)
     if stage == layout.pp - 1:
         logits_saved, logits_transient = logits_bytes(model, recipe, layout)
