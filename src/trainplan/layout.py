@@ -190,8 +190,18 @@ class Layout:
             raise LayoutError(
                 "virtual_stages", f"virtual_stages={self.virtual_stages} needs --pp-schedule interleaved"
             )
-        if self.pp_schedule == "interleaved" and self.pp == 1:
-            raise LayoutError("pp_schedule", "an interleaved schedule needs pp > 1")
+        if self.pp_schedule != "1f1b" and self.pp == 1:
+            raise LayoutError(
+                "pp_schedule",
+                f"a {self.pp_schedule} pipeline schedule needs pp > 1 (without a pipeline there is no "
+                "schedule to choose); add --pp N or drop --pp-schedule",
+            )
+        if self.pp_schedule == "interleaved" and self.virtual_stages < 2:
+            raise LayoutError(
+                "virtual_stages",
+                "an interleaved schedule runs v >= 2 model chunks per stage; add --virtual-stages 2 "
+                "(or more), or use --pp-schedule 1f1b",
+            )
         if (self.dp * self.cp) % self.ep != 0:
             raise LayoutError(
                 "ep", f"ep={self.ep} does not divide dp·cp = {self.dp}·{self.cp} = {self.dp * self.cp}"
@@ -290,8 +300,16 @@ class Layout:
 
     def check_batch(self, *, seq_len: int, micro_batch: int, global_batch: int | None) -> int:
         """Validate batch arithmetic; return micro-batches per step per pipeline (gradient accumulation)."""
-        if seq_len % self.cp != 0:
-            raise LayoutError("cp", f"cp={self.cp} does not divide the sequence length {seq_len}")
+        if self.cp > 1 and seq_len % (2 * self.cp) != 0:
+            # Causal load balancing splits the sequence into 2·cp chunks, rank r holding chunks r
+            # and 2·cp − 1 − r (Megatron-Core ``get_batch_on_this_cp_rank``, megatron/core/utils.py;
+            # torchtitan's context parallel uses the same round-robin split).
+            raise LayoutError(
+                "cp",
+                f"context parallelism splits the sequence into 2·cp = {2 * self.cp} load-balanced chunks, "
+                f"which do not divide {seq_len} tokens; use a sequence length that is a multiple of "
+                f"{2 * self.cp} or a smaller cp",
+            )
         if self.sequence_parallel and (seq_len // self.cp) % self.tp != 0:
             raise LayoutError(
                 "sequence_parallel",
