@@ -210,16 +210,31 @@ def load_hardware_file(path: str | Path) -> list[Accelerator]:
 
 
 @functools.cache
+def builtin_file(name: str) -> tuple[Accelerator, ...]:
+    """The entries of one built-in vendor file (``_FILE_ORDER``), parsed once per process."""
+    item = resources.files("trainplan.hardware").joinpath("data").joinpath(name)
+    return tuple(parse_document(tomllib.loads(item.read_text(encoding="utf-8")), f"built-in {item.name}"))
+
+
+@functools.cache
 def builtin_accelerators() -> tuple[Accelerator, ...]:
     """All built-in entries, parsed once per process."""
-    accs: list[Accelerator] = []
-    data = resources.files("trainplan.hardware").joinpath("data")
     # Exactly the vendor family files: other data files (e.g. efficiency.toml) have other schemas.
-    for item in (data.joinpath(name) for name in _FILE_ORDER):
-        doc = tomllib.loads(item.read_text(encoding="utf-8"))
-        accs.extend(parse_document(doc, f"built-in {item.name}"))
+    accs = [acc for name in _FILE_ORDER for acc in builtin_file(name)]
     _check_unique(accs, "built-in catalog")
     return tuple(accs)
+
+
+def find_builtin(name: str) -> Accelerator | None:
+    """The built-in entry named (or aliased) ``name``, reading the vendor files in order only as
+    far as the one that has it (the same entry :func:`find` picks in the whole catalog); ``None``
+    when none has it."""
+    q = _normalise(name)
+    for file in _FILE_ORDER:
+        for acc in builtin_file(file):
+            if q == acc.name or q in acc.aliases:
+                return acc
+    return None
 
 
 def _normalise(name: str) -> str:
