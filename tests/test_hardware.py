@@ -102,6 +102,17 @@ def test_unknown_name_suggests() -> None:
     assert "h100-sxm" in msg and "h100-pcie" in msg and "trainplan hardware list" in msg
 
 
+def test_lookup_by_name_finds_what_the_whole_catalog_finds() -> None:
+    from trainplan.hardware.catalog import find, find_builtin
+
+    catalog = builtin_accelerators()
+    for acc in catalog:
+        for key in (acc.name, *acc.aliases, acc.name.upper(), f" {acc.name.replace('-', '_')} "):
+            assert find_builtin(key) == find(key, catalog), key
+    assert find_builtin("no-such-chip") is None
+    assert find_builtin("sxm") is None  # a fragment of a name is not a name
+
+
 def test_builtins_load_fast_and_once() -> None:
     builtin_accelerators.cache_clear()
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainplan.cli_args import EXIT_BAD_INPUT, Parser, add_command
 from trainplan.errors import TrainplanError
@@ -262,19 +262,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_hardware(sub: Any) -> None:
     from trainplan.inputs import HARDWARE_FILE, add_arguments
-
-    parser = Parser(
-        prog="trainplan",
-        description="Will a training job fit, on which accelerator, with which layout — how long, at what cost.",
-    )
-    parser.add_argument(
-        "--version", action="version", version="trainplan " + __import__("trainplan").__version__
-    )
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-
-    add_command(sub, "estimate", cmd_estimate, help="memory, time and cost of one configuration")
 
     p = sub.add_parser("hardware", help="the accelerator catalog")
     hw = p.add_subparsers(dest="hardware_command", required=True, parser_class=Parser)
@@ -287,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_hardware)
 
+
+def _add_validate(sub: Any) -> None:
     p = sub.add_parser(
         "validate", help="predicted vs published measurements; exit 1 when a dataset misses its bound"
     )
@@ -296,32 +287,78 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
 
-    add_command(
-        sub, "verify", cmd_verify, help="trace a real PyTorch step under fake tensors; analytic vs traced"
-    )
 
+def _add_models(sub: Any) -> None:
     p = sub.add_parser("models", help="the model presets")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models)
-    add_command(sub, "export", cmd_export, help="write the plan as a training engine's config")
-    add_command(
-        sub, "plan", cmd_plan, help="search accelerators, device counts and layouts; rank and explain"
-    )
-    add_command(
-        sub, "compare", cmd_compare, help="the same job on several accelerators, each at its best layout"
-    )
-    from trainplan.web.cli import register as register_serve
 
-    register_serve(sub)
-    from trainplan.run.cli import register as register_run
 
-    register_run(sub)
+def _add_serve(sub: Any) -> None:
+    from trainplan.web.cli import register
+
+    register(sub)
+
+
+def _add_run(sub: Any) -> None:
+    from trainplan.run.cli import register
+
+    register(sub)
+
+
+def _schema_command(name: str, func: Callable[[argparse.Namespace], int], help: str) -> Callable[[Any], None]:
+    def add(sub: Any) -> None:
+        add_command(sub, name, func, help=help)
+
+    return add
+
+
+SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
+    "estimate": _schema_command("estimate", cmd_estimate, "memory, time and cost of one configuration"),
+    "hardware": _add_hardware,
+    "validate": _add_validate,
+    "verify": _schema_command(
+        "verify", cmd_verify, "trace a real PyTorch step under fake tensors; analytic vs traced"
+    ),
+    "models": _add_models,
+    "export": _schema_command("export", cmd_export, "write the plan as a training engine's config"),
+    "plan": _schema_command(
+        "plan", cmd_plan, "search accelerators, device counts and layouts; rank and explain"
+    ),
+    "compare": _schema_command(
+        "compare", cmd_compare, "the same job on several accelerators, each at its best layout"
+    ),
+    "serve": _add_serve,
+    "run": _add_run,
+}
+"""Each subcommand and the function that adds it to the ``add_subparsers()`` object, in
+``--help`` order."""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``trainplan`` parser with every subcommand, or, when ``only`` names one (the
+    subcommand about to be parsed), with that one alone: a command's start-up then builds and
+    imports nothing for the others."""
+    parser = Parser(
+        prog="trainplan",
+        description="Will a training job fit, on which accelerator, with which layout — how long, at what cost.",
+    )
+    parser.add_argument(
+        "--version", action="version", version="trainplan " + __import__("trainplan").__version__
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name, add in SUBCOMMANDS.items():
+        if only is None or only not in SUBCOMMANDS or only == name:
+            add(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """``trainplan ...``: exit status 0, 2 on bad input (one line on stderr), or the command's."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(only=command)
+    args = parser.parse_args(words)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

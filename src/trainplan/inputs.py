@@ -670,9 +670,11 @@ def _distinct(commands: Mapping[str, Sequence[Field]]) -> tuple[Field, ...]:
     return tuple(out)
 
 
-ALL_FIELDS: Final = _distinct(COMMANDS)
-"""Every field of every command, once each; ``devices``, ``hardware`` and ``device`` have one
-declaration per meaning (estimate's device count, plan's list of counts, ...)."""
+def all_fields() -> tuple[Field, ...]:
+    """Every field of every command, once each; ``devices``, ``hardware`` and ``device`` have one
+    declaration per meaning (estimate's device count, plan's list of counts, ...)."""
+    return _distinct(COMMANDS)
+
 
 GROUP_TITLES: Final[dict[Group, str]] = {"layout": "layout", "recipe": "recipe", "cost": "cost", "run": "run"}
 
@@ -853,7 +855,7 @@ def fields_markdown() -> str:
         "| field | CLI | type | default | choices | planner searches | commands | what |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for f in ALL_FIELDS:
+    for f in all_fields():
         commands = ", ".join(c for c, fields in COMMANDS.items() if any(_same(f, g) for g in fields))
         kind = ("list of " if f.repeatable else "") + f.type.__name__ + (" > 0" if f.positive else "")
         default = "required" if f.required or f.positional else _cell(f.default)

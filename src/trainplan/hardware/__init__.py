@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainplan.hardware.accelerator import Accelerator, CloudOffering, Link
-from trainplan.hardware.catalog import all_accelerators, find, load_hardware_file
+from trainplan.hardware.catalog import all_accelerators, find, find_builtin, load_hardware_file
 from trainplan.hardware.render import render_show, render_table
 from trainplan.hardware.system import System
 
@@ -30,7 +30,13 @@ __all__ = [
 
 
 def get_accelerator(name: str, extra_files: Sequence[str | Path] = ()) -> Accelerator:
-    """Accelerator by name or alias (case-insensitive); :class:`CatalogError` with suggestions."""
+    """Accelerator by name or alias (case-insensitive); :class:`CatalogError` with suggestions.
+
+    A built-in name without ``extra_files`` reads only the vendor files up to its own."""
+    if not extra_files:
+        acc = find_builtin(name)
+        if acc is not None:
+            return acc
     return find(name, all_accelerators(extra_files))
 
 

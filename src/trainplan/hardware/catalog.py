@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
@@ -209,17 +210,56 @@ def load_hardware_file(path: str | Path) -> list[Accelerator]:
     return parse_document(doc, str(p))
 
 
+def _builtin_text(name: str) -> str:
+    return resources.files("trainplan.hardware").joinpath("data").joinpath(name).read_text(encoding="utf-8")
+
+
+@functools.cache
+def builtin_file(name: str) -> tuple[Accelerator, ...]:
+    """The entries of one built-in vendor file (``_FILE_ORDER``), parsed once per process."""
+    return tuple(parse_document(tomllib.loads(_builtin_text(name)), f"built-in {name}"))
+
+
+_ENTRY_START = re.compile(r"^(?=\[\[accelerator\]\])", re.MULTILINE)
+
+
+@functools.cache
+def _builtin_entries_text(name: str) -> tuple[str, ...]:
+    """The ``[[accelerator]]`` tables of a built-in file as text, one TOML document each (a
+    table's sub-tables follow it up to the next ``[[accelerator]]``; the header comments drop)."""
+    parts = _ENTRY_START.split(_builtin_text(name))
+    return tuple(p for p in parts if p.startswith("[[accelerator]]"))
+
+
+@functools.cache
+def _builtin_entry(name: str, index: int) -> Accelerator:
+    doc = tomllib.loads(_builtin_entries_text(name)[index])
+    return parse_document(doc, f"built-in {name}")[0]
+
+
 @functools.cache
 def builtin_accelerators() -> tuple[Accelerator, ...]:
     """All built-in entries, parsed once per process."""
-    accs: list[Accelerator] = []
-    data = resources.files("trainplan.hardware").joinpath("data")
     # Exactly the vendor family files: other data files (e.g. efficiency.toml) have other schemas.
-    for item in (data.joinpath(name) for name in _FILE_ORDER):
-        doc = tomllib.loads(item.read_text(encoding="utf-8"))
-        accs.extend(parse_document(doc, f"built-in {item.name}"))
+    accs = [acc for name in _FILE_ORDER for acc in builtin_file(name)]
     _check_unique(accs, "built-in catalog")
     return tuple(accs)
+
+
+def find_builtin(name: str) -> Accelerator | None:
+    """The built-in entry named (or aliased) ``name`` — the entry :func:`find` picks in the whole
+    catalog — parsing only the ``[[accelerator]]`` tables whose text quotes the name (a whole
+    vendor file takes milliseconds to parse); ``None`` when none has it."""
+    q = _normalise(name)
+    quoted = (f'"{q}"', f"'{q}'")
+    for file in _FILE_ORDER:
+        for i, text in enumerate(_builtin_entries_text(file)):
+            # Only a table whose text has the name as a quoted string can be named by it.
+            if any(s in text.lower() for s in quoted):
+                acc = _builtin_entry(file, i)
+                if q == acc.name or q in acc.aliases:
+                    return acc
+    return None
 
 
 def _normalise(name: str) -> str:

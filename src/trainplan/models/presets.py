@@ -60,20 +60,29 @@ def spec_from_mapping(name: str, entry: dict[str, Any], *, where: str) -> ModelS
 
 
 @cache
-def _presets() -> dict[str, ModelSpec]:
+def _preset_table() -> dict[str, Any]:
+    """The preset file's entries by name, read once; each becomes a spec when first asked for."""
     text = resources.files(_DATA_PACKAGE).joinpath(_PRESET_FILE).read_text(encoding="utf-8")
-    data = tomllib.loads(text)
-    out: dict[str, ModelSpec] = {}
-    for name, entry in data.items():
+    data: dict[str, Any] = tomllib.loads(text)
+    for name in data:
         if name != name.lower():
             raise ModelError("model", f"preset name '{name}' must be lowercase")
-        out[name] = spec_from_mapping(name, entry, where=f"{_PRESET_FILE} [{name}]")
-    return out
+    return data
+
+
+@cache
+def _preset(name: str) -> ModelSpec:
+    return spec_from_mapping(name, _preset_table()[name], where=f"{_PRESET_FILE} [{name}]")
+
+
+@cache
+def _presets() -> dict[str, ModelSpec]:
+    return {name: _preset(name) for name in _preset_table()}
 
 
 def preset_names() -> list[str]:
     """Preset names in file order."""
-    return list(_presets())
+    return list(_preset_table())
 
 
 def list_presets() -> list[ModelSpec]:
@@ -83,11 +92,10 @@ def list_presets() -> list[ModelSpec]:
 
 def get_preset(name: str) -> ModelSpec:
     """The preset called ``name`` (case-insensitive); unknown names suggest the nearest one."""
-    presets = _presets()
     key = name.strip().lower()
-    if key in presets:
-        return presets[key]
-    close = difflib.get_close_matches(key, list(presets), n=1, cutoff=0.6)
+    if key in _preset_table():
+        return _preset(key)
+    close = difflib.get_close_matches(key, preset_names(), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}? " if close else ""
     raise ModelError(
         "model",

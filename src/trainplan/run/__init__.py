@@ -12,6 +12,19 @@ measured. Importing this package does not import torch.
 
 from __future__ import annotations
 
-from trainplan.run.config import RunConfig, check_supported
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainplan.run.config import RunConfig, check_supported
 
 __all__ = ["RunConfig", "check_supported"]
+
+
+def __getattr__(name: str) -> Any:
+    """:class:`RunConfig` and :func:`check_supported`, imported on first use (``trainplan run``
+    registers its flags without them)."""
+    if name in __all__:
+        from trainplan.run import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'trainplan.run' has no attribute {name!r}")

@@ -8,7 +8,6 @@ nothing spawned), 1 when the distributed run failed (the end of its log follows)
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -62,6 +61,8 @@ def _resolve_device(choice: str, devices: int) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import importlib.util
+
     if importlib.util.find_spec("torch") is None:
         from trainplan.run.launch import TORCH_INSTALL_HINT
 
