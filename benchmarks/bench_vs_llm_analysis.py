@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from trainplan.estimate import estimate
+from trainplan.predict import estimate
 from trainplan.validate.datasets import timing_rows
 from trainplan.validate.timing import row_inputs
 

@@ -168,7 +168,7 @@ for info in pkgutil.walk_packages(trainplan.__path__, "trainplan."):
         importlib.import_module(info.name)
     except ImportError:  # modules that need torch
         pass
-import trainplan.estimate
+import trainplan.predict
 from trainplan import estimate
 assert estimate is trainplan.estimate and callable(estimate), trainplan.estimate
 est = trainplan.estimate("gpt2", hardware="h100-sxm")

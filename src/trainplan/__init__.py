@@ -13,8 +13,6 @@ so ``import trainplan`` imports nothing else.
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -33,17 +31,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     raise AttributeError(f"module 'trainplan' has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """The package module. Importing a submodule binds it on its package; the legacy submodule
-    ``trainplan.estimate`` would so hide the function :func:`estimate`. That binding is skipped:
-    the module stays importable (``sys.modules``), the name stays the function."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _API and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

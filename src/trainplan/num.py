@@ -1,6 +1,6 @@
 """Numbers that are floats for one estimate and numpy arrays for a million planner candidates.
 
-Every cost term is written once, over ``Num``: :func:`trainplan.estimate.estimate` calls it with
+Every cost term is written once, over ``Num``: :func:`trainplan.predict.estimate` calls it with
 Python floats (and ints and bools), the planner (``planner/bulk.py``) with arrays of one element per
 candidate. The few operations a term needs that Python spells differently for the two — a
 conditional, an element-wise maximum — are here; the arithmetic operators (``+ - * / //``,

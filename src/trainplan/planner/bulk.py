@@ -1,6 +1,6 @@
 """Bulk evaluation of many candidate (accelerator, devices, layout, recipe) at once.
 
-The scalar :func:`trainplan.estimate.estimate` costs a fraction of a millisecond; a planner that
+The scalar :func:`trainplan.predict.estimate` costs a fraction of a millisecond; a planner that
 searches every accelerator, device count and layout needs millions of evaluations per second.
 This module evaluates whole arrays of candidates with numpy and gives the same numbers as the
 scalar path (tests hold every reported field to 1e-9 relative).

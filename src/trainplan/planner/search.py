@@ -29,7 +29,6 @@ import numpy as np
 import numpy.typing as npt
 
 from trainplan.errors import TrainplanError
-from trainplan.estimate import Estimate, estimate
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
 from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions
@@ -43,6 +42,7 @@ from trainplan.planner.bulk import (
     Core,
     Segments,
 )
+from trainplan.predict import Estimate, estimate
 from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, Offload, Precision, Recipe, Recompute
 from trainplan.terms import TERM_GROUPS, TIME_TERMS
 from trainplan.units import fmt_bytes, fmt_duration

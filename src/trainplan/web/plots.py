@@ -4,7 +4,7 @@
 
 * ``"estimate"`` — per-device memory as a stacked bar against the device's memory, and the step
   time split into compute / exposed communication / pipeline bubble / optimizer (two panels);
-  ``"memory"`` and ``"time"`` draw one panel each. ``data``: an :class:`~trainplan.estimate.Estimate`
+  ``"memory"`` and ``"time"`` draw one panel each. ``data``: an :class:`~trainplan.predict.Estimate`
   or its web payload (``Estimate.to_dict()`` plus ``terms``, see :func:`trainplan.web.api.estimate_payload`).
 * ``"plan"`` — time vs cost of the reported plans with the Pareto front joined. ``data``: a
   :class:`~trainplan.planner.PlanResult` or its ``to_dict()``.
@@ -66,7 +66,7 @@ def _figure(width: float, height: float) -> Any:
 
 def _payload(data: Any) -> dict[str, Any]:
     """An estimate payload (``to_dict()`` plus ``terms``) from an Estimate or a payload dict."""
-    from trainplan.estimate import Estimate
+    from trainplan.predict import Estimate
     from trainplan.web.api import estimate_payload
 
     if isinstance(data, Estimate):
