@@ -576,3 +576,18 @@ def test_planner_best_equals_brute_force_with_layout_options(options: LayoutOpti
         ),
     )
     assert any("not searched" in n and options.describe() in n for n in result.notes)
+
+
+def test_cli_plan_applies_the_engine_options_it_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan` takes the engine options the estimate models, applies them to the chosen layout and
+    names them; the same request without them gives another step time."""
+    args = ["plan", "llama-3.2-1b", "--tokens", "1e9", "--hardware", "h100-sxm", "--devices", "8"]
+    args += ["--global-batch", "64", "--json"]
+    assert main([*args, "--grad-accumulation", "autograd", "--no-overlap-grad-reduce"]) == 0
+    with_opts = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    layout = with_opts["fastest"]["layout"]
+    assert layout["grad_accumulation"] == "autograd" and layout["overlap_grad_reduce"] is False
+    assert any("grad_accumulation=autograd" in n for n in with_opts["notes"])
+    assert any("(defaults)" in n for n in plain["notes"])

@@ -27,11 +27,13 @@ from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
 from trainplan.export import TARGETS as EXPORT_TARGETS
 from trainplan.layout import (
+    DEFAULT_LAYOUT_OPTIONS,
     GRAD_ACCUMULATIONS,
     PIPELINE_SCHEDULES,
     ZERO3_GRANULARITIES,
     ZERO_STAGES,
     Layout,
+    LayoutOptions,
 )
 from trainplan.recipe import (
     ATTENTIONS,
@@ -204,6 +206,44 @@ HARDWARE_FILE: Final = Field(
 )
 
 # --- the layout -----------------------------------------------------------------------------------
+LAYOUT_OPTION_FIELDS: Final = (
+    _switch(
+        "no_overlap_grad_reduce",
+        "layout",
+        "reduce gradients after the backward instead of overlapping it (older Megatron-LM)",
+    ),
+    _switch(
+        "tp_comm_overlap",
+        "layout",
+        "overlap the sequence-parallel collectives with the GEMMs (Megatron-Core --tp-comm-overlap, "
+        "torchtitan async TP; needs --sequence-parallel)",
+    ),
+    _switch(
+        "pp_comm_overlap",
+        "layout",
+        "overlap pipeline sends with other micro-batches' compute (Megatron-Core overlap_p2p_comm)",
+    ),
+    Field(
+        name="zero3_granularity",
+        group="layout",
+        default=_default(Layout, "zero3_granularity"),
+        choices=ZERO3_GRANULARITIES,
+        help="ZeRO-3 collectives: one per block, prefetched (FSDP/FSDP2, default) or one blocking "
+        "gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
+    ),
+    Field(
+        name="grad_accumulation",
+        group="layout",
+        default=_default(Layout, "grad_accumulation"),
+        choices=GRAD_ACCUMULATIONS,
+        help="how micro-batch gradients are summed: inside the weight-gradient GEMM (Megatron-LM "
+        "--gradient-accumulation-fusion; default), by PyTorch autograd into .grad, or by a hook into "
+        "a main-gradient buffer (Megatron-LM LocalDDP 2021-2022)",
+    ),
+)
+"""The engine options of a layout: the planner does not search them, it applies the given (or
+default) values to every candidate where they mean something (``layout.LayoutOptions``)."""
+
 LAYOUT_FIELDS: Final = (
     Field(
         name="devices",
@@ -282,39 +322,7 @@ LAYOUT_FIELDS: Final = (
         searchable=True,
         help="interleaved pipeline chunks per device",
     ),
-    _switch(
-        "no_overlap_grad_reduce",
-        "layout",
-        "reduce gradients after the backward instead of overlapping it (older Megatron-LM)",
-    ),
-    _switch(
-        "tp_comm_overlap",
-        "layout",
-        "overlap the sequence-parallel collectives with the GEMMs (Megatron-Core --tp-comm-overlap, "
-        "torchtitan async TP; needs --sequence-parallel)",
-    ),
-    _switch(
-        "pp_comm_overlap",
-        "layout",
-        "overlap pipeline sends with other micro-batches' compute (Megatron-Core overlap_p2p_comm)",
-    ),
-    Field(
-        name="zero3_granularity",
-        group="layout",
-        default=_default(Layout, "zero3_granularity"),
-        choices=ZERO3_GRANULARITIES,
-        help="ZeRO-3 collectives: one per block, prefetched (FSDP/FSDP2, default) or one blocking "
-        "gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
-    ),
-    Field(
-        name="grad_accumulation",
-        group="layout",
-        default=_default(Layout, "grad_accumulation"),
-        choices=GRAD_ACCUMULATIONS,
-        help="how micro-batch gradients are summed: inside the weight-gradient GEMM (Megatron-LM "
-        "--gradient-accumulation-fusion; default), by PyTorch autograd into .grad, or by a hook into "
-        "a main-gradient buffer (Megatron-LM LocalDDP 2021-2022)",
-    ),
+    *LAYOUT_OPTION_FIELDS,
 )
 
 # --- the recipe -----------------------------------------------------------------------------------
@@ -625,6 +633,7 @@ PLAN_FIELDS: Final = (
     HARDWARE_FILE,
     *SEARCH_FIELDS,
     *open_for_search(RECIPE_FIELDS),
+    *LAYOUT_OPTION_FIELDS,
     *COST_FIELDS,
 )
 """Every field of ``plan`` but the model, in CLI order."""
@@ -634,6 +643,7 @@ COMPARE_FIELDS: Final = (
     HARDWARE_FILE,
     *SEARCH_FIELDS,
     *open_for_search(RECIPE_FIELDS),
+    *LAYOUT_OPTION_FIELDS,
     *COST_FIELDS,
 )
 """Every field of ``compare`` but the model, in CLI order."""
@@ -832,11 +842,18 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
         sequence_parallel=values.get("sequence_parallel", False),
         pp_schedule=values["pp_schedule"],
         virtual_stages=values["virtual_stages"],
+        **vars(build_layout_options(values)),
+    )
+
+
+def build_layout_options(values: Mapping[str, Any]) -> LayoutOptions:
+    """The :class:`~trainplan.layout.LayoutOptions` the option fields in ``values`` describe."""
+    return LayoutOptions(
         overlap_grad_reduce=not values.get("no_overlap_grad_reduce", False),
         tp_comm_overlap=values.get("tp_comm_overlap", False),
         pp_comm_overlap=values.get("pp_comm_overlap", False),
-        zero3_granularity=values["zero3_granularity"],
-        grad_accumulation=values["grad_accumulation"],
+        zero3_granularity=values.get("zero3_granularity", DEFAULT_LAYOUT_OPTIONS.zero3_granularity),
+        grad_accumulation=values.get("grad_accumulation", DEFAULT_LAYOUT_OPTIONS.grad_accumulation),
     )
 
 

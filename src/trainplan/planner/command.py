@@ -13,7 +13,7 @@ from typing import Any
 
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
-from trainplan.inputs import RECIPE_FIELDS, build_recipe, fill_defaults
+from trainplan.inputs import RECIPE_FIELDS, build_layout_options, build_recipe, fill_defaults
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.search import (
     Plan,
@@ -103,6 +103,7 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
         precisions=precisions,  # type: ignore[arg-type]
         max_devices=max_devices,
         device_counts=counts,
+        layout_options=build_layout_options(values),
     )
     return replace(recipe), space
 
