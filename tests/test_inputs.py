@@ -11,6 +11,7 @@ from trainplan import inputs
 from trainplan.cli import build_parser
 from trainplan.errors import TrainplanError
 from trainplan.layout import Layout
+from trainplan.models import load_model
 from trainplan.recipe import LoRASpec, Recipe
 
 
@@ -25,11 +26,12 @@ def test_schema_defaults_are_the_dataclass_defaults() -> None:
     assert lora is not None and lora.rank == LoRASpec().rank and lora.targets == LoRASpec().targets
 
 
-def test_planner_constants_match_the_planner() -> None:
+def test_the_planner_reads_its_defaults_from_the_schema() -> None:
     from trainplan.planner import search
 
-    assert inputs.DEFAULT_MAX_DEVICES == search.DEFAULT_MAX_DEVICES
-    assert inputs.OBJECTIVES == search.OBJECTIVES
+    assert search.SearchSpace().max_devices == inputs.DEFAULT_MAX_DEVICES
+    with pytest.raises(TrainplanError, match="time, cost, balanced"):
+        search.plan(load_model("gpt2"), Recipe(), [], objective="fastest")
 
 
 def test_searchable_fields_are_what_the_planner_searches() -> None:

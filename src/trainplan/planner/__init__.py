@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from trainplan.inputs import OBJECTIVES
 from trainplan.planner.bulk import BulkEvaluator, BulkResult, Candidates, Core
 from trainplan.planner.search import (
-    OBJECTIVES,
     AcceleratorBest,
     Explanation,
     Plan,

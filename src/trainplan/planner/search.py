@@ -28,9 +28,11 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
+from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
+from trainplan.inputs import DEFAULT_MAX_DEVICES, OBJECTIVES
 from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.bulk import (
@@ -48,8 +50,6 @@ from trainplan.terms import TERM_GROUPS, TIME_TERMS
 from trainplan.units import fmt_bytes, fmt_duration
 
 Objective = Literal["time", "cost", "balanced"]
-OBJECTIVES: Final = ("time", "cost", "balanced")
-DEFAULT_MAX_DEVICES: Final = 1024
 DEFAULT_PRETRAIN_BATCH_TOKENS: Final = 4 * 2**20
 """Default global batch of pre-training, ~4M tokens (Llama 2: 4M tokens, Touvron et al. 2023 Sec. 2.2)."""
 DEFAULT_FINETUNE_BATCH: Final = 128
@@ -719,7 +719,7 @@ def plan(
     deadline_h: float | None = None,
     provider: str | None = None,
     prices: Mapping[str, float] | None = None,
-    pue: float = 1.2,
+    pue: float = DEFAULT_PUE,
     with_per_accelerator: bool = False,
 ) -> PlanResult:
     """Search accelerators × device counts × layouts for ``model`` trained with ``recipe``.
@@ -974,7 +974,7 @@ def compare(
     objective: Objective = "time",
     provider: str | None = None,
     prices: Mapping[str, float] | None = None,
-    pue: float = 1.2,
+    pue: float = DEFAULT_PUE,
 ) -> PlanResult:
     """The same job on each accelerator at its best layout and device count (``per_accelerator``)."""
     return plan(
