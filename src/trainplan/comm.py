@@ -46,6 +46,7 @@ stride tp, the expert-data group stride tp·ep, the dp group stride tp·cp and p
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -341,6 +342,7 @@ def ranks_per_domain(size: Int, stride: Int, domain_size: Int) -> Int:
     return cast(Int, minimum(size, ceil_div(domain_size, stride)))
 
 
+@functools.lru_cache(maxsize=4096)
 def place_group(name: str, size: int, stride: int, domain_size: int) -> GroupPlacement:
     """Placement of a group of ``size`` ranks ``r0, r0+stride, …`` on domains of ``domain_size`` ranks.
 
@@ -1122,18 +1124,20 @@ def step_traffic(spec: ModelSpec, seq_len: int, x: TrafficInputs) -> tuple[Traff
         )
     b, s, h = x.micro_batch, float(seq_len), float(spec.hidden_size)
     act = b * (s / cp) * h * e
-    out += tensor_parallel_traffic(
-        activation_bytes=act,
-        layers=layers,
-        micro_batches=m,
-        sequence_parallel=x.sequence_parallel,
-        recompute_full=x.recompute_full,
-        recompute_skipped_reductions=x.skipped_reductions,
-    )
-    out += pipeline_traffic(
-        activation_bytes=act, tp_size=tp, micro_batches=m, virtual_stages=x.virtual_stages
-    )
-    if spec.moe is not None:
+    if _may_span(tp):
+        out += tensor_parallel_traffic(
+            activation_bytes=act,
+            layers=layers,
+            micro_batches=m,
+            sequence_parallel=x.sequence_parallel,
+            recompute_full=x.recompute_full,
+            recompute_skipped_reductions=x.skipped_reductions,
+        )
+    if _may_span(pp):
+        out += pipeline_traffic(
+            activation_bytes=act, tp_size=tp, micro_batches=m, virtual_stages=x.virtual_stages
+        )
+    if spec.moe is not None and _may_span(ep):
         moe_layers = ceil_div(spec.num_moe_layers, pp)
         local_tokens = b * s / cp / where(x.sequence_parallel, tp, 1)
         out += expert_parallel_traffic(
@@ -1142,15 +1146,22 @@ def step_traffic(spec: ModelSpec, seq_len: int, x: TrafficInputs) -> tuple[Traff
             micro_batches=m,
             recompute_full=x.recompute_full,
         )
-    kv_heads_local = maximum(spec.num_kv_heads / as_float(tp), 1.0)
-    out += context_parallel_traffic(
-        kv_bytes=2 * b * (s / cp) * kv_heads_local * spec.head_dim * e,
-        cp_size=cp,
-        layers=layers,
-        micro_batches=m,
-        recompute_repeats_ring=x.recompute_repeats_ring,
-    )
+    if _may_span(cp):
+        kv_heads_local = maximum(spec.num_kv_heads / as_float(tp), 1.0)
+        out += context_parallel_traffic(
+            kv_bytes=2 * b * (s / cp) * kv_heads_local * spec.head_dim * e,
+            cp_size=cp,
+            layers=layers,
+            micro_batches=m,
+            recompute_repeats_ring=x.recompute_repeats_ring,
+        )
     return tuple(out)
+
+
+def _may_span(group_size: Int) -> bool:
+    """False only for a group known to be one rank (a scalar 1): it issues no collective, so
+    its traffic need not be declared. An array may hold larger groups: declared."""
+    return not (group_size.__class__ is int and group_size == 1)
 
 
 def step_collectives(
