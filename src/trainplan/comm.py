@@ -1080,13 +1080,18 @@ class TrafficInputs:
     capacity_factor: float = 1.0
 
 
-def step_traffic(spec: ModelSpec, seq_len: int, x: TrafficInputs) -> tuple[Traffic, ...]:
+def step_traffic(
+    spec: ModelSpec, seq_len: int, x: TrafficInputs, *, with_buffers: bool = True
+) -> tuple[Traffic, ...]:
     """Every collective of one step on a device of the busiest pipeline stage, over ``Num``.
 
     Parameter counts are whole-model numbers: dense (everything but routed experts) and routed
     experts. Per device they divide by tp·pp (dense) and tp·pp·ep (experts; expert tensor
     parallelism = tp). Weights travel in their storage dtype (QLoRA: NF4, 0.5 B), gradients in the
     weight dtype of the trained parameters. Layers per stage = ⌈L/pp⌉ (the busiest stage).
+
+    ``with_buffers=False``: the buffer sizes are left 0 (a caller that has them per key and wants
+    only each candidate's calls).
     """
     tp, pp, cp, ep = x.tp, x.pp, x.cp, x.ep
     e, w = x.weight_bytes, x.stored_weight_bytes
@@ -1094,12 +1099,13 @@ def step_traffic(spec: ModelSpec, seq_len: int, x: TrafficInputs) -> tuple[Traff
     layers = ceil_div(spec.num_layers, pp)
     units = gather_units(spec, layers, x.granularity)
     shard = x.dp * cp
-    tpp = as_float(tp * pp)
+    sized = with_buffers
+    tpp = as_float(tp * pp) if sized else 1.0
     out: list[Traffic] = []
     out += data_parallel_traffic(
         zero=x.zero,
-        param_bytes=x.dense_params / tpp * w,
-        grad_bytes=x.trainable_dense_params / tpp * e,
+        param_bytes=x.dense_params / tpp * w if sized else 0.0,
+        grad_bytes=x.trainable_dense_params / tpp * e if sized else 0.0,
         micro_batches=m,
         shard_size=shard,
         overlap_param_gather=x.overlap_param_gather,
@@ -1108,11 +1114,11 @@ def step_traffic(spec: ModelSpec, seq_len: int, x: TrafficInputs) -> tuple[Traff
         regather_for_recompute=x.regather_for_recompute,
     )
     if spec.moe is not None:
-        tppe = as_float(tp * pp * ep)
+        tppe = as_float(tp * pp * ep) if sized else 1.0
         out += data_parallel_traffic(
             zero=x.zero,
-            param_bytes=x.expert_params / tppe * w,
-            grad_bytes=x.trainable_expert_params / tppe * e,
+            param_bytes=x.expert_params / tppe * w if sized else 0.0,
+            grad_bytes=x.trainable_expert_params / tppe * e if sized else 0.0,
             micro_batches=m,
             shard_size=shard // ep,
             group="expert_dp",
@@ -1123,7 +1129,7 @@ def step_traffic(spec: ModelSpec, seq_len: int, x: TrafficInputs) -> tuple[Traff
             regather_for_recompute=x.regather_for_recompute,
         )
     b, s, h = x.micro_batch, float(seq_len), float(spec.hidden_size)
-    act = b * (s / cp) * h * e
+    act = b * (s / cp) * h * e if sized else 0.0
     if _may_span(tp):
         out += tensor_parallel_traffic(
             activation_bytes=act,
@@ -1139,17 +1145,17 @@ def step_traffic(spec: ModelSpec, seq_len: int, x: TrafficInputs) -> tuple[Traff
         )
     if spec.moe is not None and _may_span(ep):
         moe_layers = ceil_div(spec.num_moe_layers, pp)
-        local_tokens = b * s / cp / where(x.sequence_parallel, tp, 1)
+        local_tokens = b * s / cp / where(x.sequence_parallel, tp, 1) if sized else 0.0
         out += expert_parallel_traffic(
-            routed_bytes=local_tokens * spec.moe.top_k * h * e * x.capacity_factor,
+            routed_bytes=local_tokens * spec.moe.top_k * h * e * x.capacity_factor if sized else 0.0,
             moe_layers=moe_layers,
             micro_batches=m,
             recompute_full=x.recompute_full,
         )
     if _may_span(cp):
-        kv_heads_local = maximum(spec.num_kv_heads / as_float(tp), 1.0)
+        kv_heads_local = maximum(spec.num_kv_heads / as_float(tp), 1.0) if sized else 0.0
         out += context_parallel_traffic(
-            kv_bytes=2 * b * (s / cp) * kv_heads_local * spec.head_dim * e,
+            kv_bytes=2 * b * (s / cp) * kv_heads_local * spec.head_dim * e if sized else 0.0,
             cp_size=cp,
             layers=layers,
             micro_batches=m,

@@ -58,6 +58,14 @@ def where(cond: Bool, a: Num, b: Num) -> Num:
     return cast("Num", _np().where(cond, a, b))
 
 
+def all_true(cond: Bool) -> bool:
+    """Whether every element of ``cond`` holds (``cond`` itself for a scalar): lets a term skip a
+    branch that no candidate takes."""
+    if isinstance(cond, bool):
+        return cond
+    return bool(_np().all(cond))
+
+
 def logical_not(x: Bool) -> Bool:
     """``not x`` element by element (``~`` on a Python bool is the integer −2, never use it)."""
     if isinstance(x, bool):
@@ -118,6 +126,7 @@ __all__ = [
     "Bool",
     "Int",
     "Num",
+    "all_true",
     "as_float",
     "ceil_div",
     "is_scalar",

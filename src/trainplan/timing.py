@@ -66,7 +66,7 @@ from trainplan.layout import Layout
 from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
-from trainplan.num import Bool, Int, Num, as_float, maximum, total, where
+from trainplan.num import Bool, Int, Num, all_true, as_float, maximum, total, where
 from trainplan.recipe import Recipe
 from trainplan.terms import TIME_TERMS
 
@@ -555,6 +555,8 @@ def optimizer_offload_s(x: StepInputs) -> tuple[Num, Num]:
     update = trained_shard * x.update_bytes_per_param
     on_device = x.offload == 0
     optimizer_s = where(on_device, update / x.hbm_bytes_per_s, 0.0)
+    if all_true(on_device):  # nothing offloaded: the host terms are 0 (not evaluated)
+        return optimizer_s, 0.0 * optimizer_s
     has_host = x.host_bytes_per_s > 0
     safe_host = where(has_host, x.host_bytes_per_s, 1.0)
     shard = maximum(1, x.shard)

@@ -118,7 +118,7 @@ PROBES_PER_GROUP: Final = 4
 """Candidates per (accelerator, devices) whose exact step time sets the pruning threshold."""
 SLOWER_MARGIN: Final = 1e-9
 """Relative slack of the step-time pruning rule (the bound is exact; the slack only keeps more)."""
-CHUNK: Final = 1 << 16
+CHUNK: Final = 1 << 18
 """Candidates (memory keys) per pass of the array formulas: the few hundred temporaries of the
 step time and of the memory peak then stay in the processor cache. Element-wise formulas give
 the same result in any chunking."""
@@ -1411,8 +1411,11 @@ class BulkEvaluator:
             out[i] = memo[key]
         return out
 
-    def _traffic(self, core: IntArray, dpi: IntArray, zero: IntArray, m: IntArray) -> tuple[Traffic, ...]:
-        """``comm.step_traffic`` of candidates (or of key representatives: their calls unused)."""
+    def _traffic(
+        self, core: IntArray, dpi: IntArray, zero: IntArray, m: IntArray, *, with_buffers: bool = True
+    ) -> tuple[Traffic, ...]:
+        """``comm.step_traffic`` of key representatives (their buffers; calls unused) or of
+        candidates (``with_buffers=False``: their calls; the buffers are the keys')."""
         ci = self._c_int
         e = self._c_e[core]
         return step_traffic(
@@ -1441,16 +1444,20 @@ class BulkEvaluator:
                 trainable_expert_params=self._c_texpert[core],
                 granularity=self.options.zero3_granularity,
             ),
+            with_buffers=with_buffers,
         )
 
-    def _collectives(self, acc: IntArray, dpi: IntArray, core: IntArray) -> dict[str, FloatArray]:
+    def _collectives(
+        self, acc: IntArray, dpi: IntArray, core: IntArray
+    ) -> tuple[dict[str, FloatArray], IntArray]:
         """Per-call network times of the step's collectives for each candidate
         (``comm.collective_time_s`` of ``comm.step_traffic`` on the groups of ``comm.group_shapes``).
 
         They depend on the accelerator, dp and the core's tp, pp, cp, ep, sequence parallelism,
         micro-batch and precision (the device count is dp·tp·pp·cp), not on ZeRO, recompute,
-        offload or the schedule: each is computed once per distinct such key and gathered.
-        Keyed by the traffic's names.
+        offload or the schedule: each is computed once per distinct such key. Returns the
+        per-key times by traffic name (only the collectives that take time on some key) and each
+        candidate's key.
         """
         present = np.bincount(dpi)
         dps = np.flatnonzero(present)
@@ -1492,11 +1499,12 @@ class BulkEvaluator:
                 placed[t.group] = (g_size, np.asarray(ranks_per_domain(g_size, g_stride, d), dtype=np.int64))
             size, local = placed[t.group]
             if not bool((size > 1).any()):
-                out[t.name] = np.zeros(n)
-                continue
+                continue  # every group of this kind is one rank: nothing moves
             nbytes = np.broadcast_to(np.asarray(t.buffer_bytes, dtype=np.float64), (n,))
-            out[t.name] = np.asarray(collective_time_s(t.kind, nbytes, size, local, up, cast(Any, out_link)))
-        return {name: x[of] for name, x in out.items()}
+            per_call = np.asarray(collective_time_s(t.kind, nbytes, size, local, up, cast(Any, out_link)))
+            if per_call.any():
+                out[t.name] = per_call
+        return out, of
 
     def _twin_rows(self, seg: Segments) -> IntArray:
         """For every block row, the row of the same block whose core is one offload step lower
@@ -1570,6 +1578,7 @@ class BulkEvaluator:
         params_dev: FloatArray,
         *,
         bound_only: bool = False,
+        calls: tuple[dict[str, FloatArray], IntArray] | None = None,
     ) -> dict[str, FloatArray]:
         """Step time, throughput and run cost of valid candidates that fit.
 
@@ -1578,11 +1587,17 @@ class BulkEvaluator:
         collectives) is non-negative, and rounded addition is monotone, so ``bound <= step_s``
         exactly.
 
+        ``calls``: the per-call collective times of :meth:`_collectives` and each candidate's key,
+        computed once for all chunks.
+
         Computed ``CHUNK`` candidates at a time.
         """
         n = len(cand)
         if n > CHUNK:
             self._time_tables(cand.acc * len(self._fkeys) + self._c_fkey[cand.core])  # all at once
+            per_key, of = calls or (
+                ({}, cand.acc) if bound_only else self._collectives(cand.acc, cand.dp, cand.core)
+            )
             parts = [
                 self._time(
                     cand.take(slice(lo, lo + CHUNK)),
@@ -1590,6 +1605,7 @@ class BulkEvaluator:
                     trainable[lo : lo + CHUNK],
                     params_dev[lo : lo + CHUNK],
                     bound_only=bound_only,
+                    calls=(per_key, of[lo : lo + CHUNK]),
                 )
                 for lo in range(0, n, CHUNK)
             ]
@@ -1625,10 +1641,12 @@ class BulkEvaluator:
         )
         timed: list[_Timed] = []
         if not bound_only:
-            call = self._collectives(acc, dpi, core)  # per-call times
-            for t in self._traffic(core, dpi, zero, m):
-                if t.calls.__class__ is int and t.calls == 0:
-                    continue  # not issued by any candidate (a fixed option turns it off)
+            per_key, of = calls or self._collectives(acc, dpi, core)  # per-call times
+            for t in self._traffic(core, dpi, zero, m, with_buffers=False):
+                if t.name not in per_key or (t.calls.__class__ is int and t.calls == 0):
+                    continue  # takes no time on any candidate, or no candidate issues it
+                if not np.asarray(t.calls).any():
+                    continue
                 timed.append(
                     _Timed(
                         group=t.group,
@@ -1636,7 +1654,7 @@ class BulkEvaluator:
                         phase=t.phase,
                         overlappable_with=t.overlap,
                         calls=t.calls,
-                        time_s=traffic_time_s(t, call[t.name]),
+                        time_s=traffic_time_s(t, per_key[t.name][of]),
                     )
                 )
         x = StepInputs(
