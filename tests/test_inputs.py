@@ -115,3 +115,12 @@ def test_validation_happens_in_the_dataclasses() -> None:
     with pytest.raises(TrainplanError) as err:
         inputs.build_layout({**_defaults(inputs.LAYOUT_FIELDS), "tp_comm_overlap": True})
     assert err.value.field == "tp_comm_overlap"
+
+
+@pytest.mark.parametrize("flag", ["--tokens", "--price"])
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e999"])
+def test_non_finite_numbers_are_refused(flag: str, text: str) -> None:
+    """`--tokens inf` used to print `Infinity`, which is not JSON."""
+    field = next(f for f in inputs.ESTIMATE_FIELDS if f.option == flag)
+    with pytest.raises(ValueError, match="finite|positive"):
+        field.convert(text)

@@ -108,6 +108,8 @@ class Field:
                 if self.positive:
                     raise ValueError(f"expected a positive number, got {text!r}") from None
                 raise
+            if not math.isfinite(real):
+                raise ValueError(f"expected a finite number, got {text!r}")
             if self.positive and not real > 0:
                 raise ValueError(f"expected a positive number, got {text!r}")
             return real
