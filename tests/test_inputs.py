@@ -122,5 +122,5 @@ def test_validation_happens_in_the_dataclasses() -> None:
 def test_non_finite_numbers_are_refused(flag: str, text: str) -> None:
     """`--tokens inf` used to print `Infinity`, which is not JSON."""
     field = next(f for f in inputs.ESTIMATE_FIELDS if f.option == flag)
-    with pytest.raises(ValueError, match="finite|positive"):
+    with pytest.raises(ValueError, match=r"finite|positive"):
         field.convert(text)
