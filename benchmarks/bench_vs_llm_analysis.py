@@ -14,26 +14,15 @@ transformers, which its estimate does not need). Without it only trainplan's med
 from __future__ import annotations
 
 import logging
-import statistics
-import time
 from collections.abc import Callable
+
+from bench_estimate import median_s  # the same timing loop (this folder is on the path)
 
 from trainplan.predict import estimate
 from trainplan.validate.datasets import timing_rows
 from trainplan.validate.timing import row_inputs
 
 ROW = "megatron2021-1008.0b"
-
-
-def median_s(fn: Callable[[], object], repeat: int = 300) -> float:
-    for _ in range(30):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def llm_analysis_call() -> Callable[[], object] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -14,7 +15,7 @@ from trainplan.errors import TrainplanError
 from trainplan.hardware import get_accelerator
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
-from trainplan.layout import Layout, LayoutOptions
+from trainplan.layout import LayoutOptions
 from trainplan.models import load_model
 from trainplan.models.spec import ModelSpec
 from trainplan.planner import (
@@ -191,33 +192,7 @@ def test_planner_best_equals_brute_force_over_scalar_estimate() -> None:
     names = ("a100-80gb", "h100-sxm")
     accs = [get_accelerator(n) for n in names]
     result = plan(model, recipe, accs, space=space, objective="time", top=3)
-    best = math.inf
-    best_cfg: tuple[object, ...] = ()
-    for acc in accs:
-        for n in (1, 2, 4):
-            for tp in (1, 2, 4):
-                for pp in (1, 2, 4):
-                    if n % (tp * pp):
-                        continue
-                    for zero in (0, 1, 2, 3):
-                        for sp in (False, True):
-                            for mb in (1, 2):
-                                for rc in ("none", "full"):
-                                    try:
-                                        lay = Layout(
-                                            dp=n // (tp * pp), tp=tp, pp=pp, zero=zero, sequence_parallel=sp
-                                        )
-                                        e = estimate(
-                                            System(accelerator=acc, num_devices=n),
-                                            model,
-                                            replace(recipe, micro_batch=mb, recompute=rc),
-                                            lay,
-                                        )
-                                    except TrainplanError:
-                                        continue
-                                    if e.feasible and e.run.time_s is not None and e.run.time_s < best:
-                                        best = e.run.time_s
-                                        best_cfg = (acc.name, n, lay, mb, rc)
+    best, best_cfg = _brute_force_best(model, recipe, accs, (1, 2, 4))
     assert result.fastest is not None
     got = result.fastest.estimate
     assert got.run.time_s == pytest.approx(best, rel=1e-9), best_cfg
@@ -532,39 +507,7 @@ def test_planner_best_equals_brute_force_with_layout_options(options: LayoutOpti
     )
     acc = get_accelerator("h100-sxm")
     result = plan(model, recipe, [acc], space=space, objective="time", top=3)
-    best = math.inf
-    for tp in (1, 2, 4):
-        for pp in (1, 2, 4):
-            if 4 % (tp * pp):
-                continue
-            for zero in (0, 1, 2, 3):
-                for sp in (False, True):
-                    for mb in (1, 2):
-                        for rc in ("none", "full"):
-                            try:
-                                core = Core(
-                                    tp=tp,
-                                    pp=pp,
-                                    cp=1,
-                                    ep=1,
-                                    sequence_parallel=sp,
-                                    micro_batch=mb,
-                                    recompute=rc,  # type: ignore[arg-type]
-                                    offload="none",
-                                    precision="bf16",
-                                    pp_schedule="1f1b",
-                                    virtual_stages=1,
-                                )
-                                e = estimate(
-                                    System(accelerator=acc, num_devices=4),
-                                    model,
-                                    core.recipe(recipe),
-                                    core.layout(4 // (tp * pp), zero, options),
-                                )
-                            except TrainplanError:
-                                continue
-                            if e.feasible and e.run.time_s is not None:
-                                best = min(best, e.run.time_s)
+    best, _ = _brute_force_best(model, recipe, [acc], (4,), options)
     assert result.fastest is not None
     assert result.fastest.estimate.run.time_s == pytest.approx(best, rel=1e-9)
     assert result.fastest.estimate.layout == replace(
@@ -591,3 +534,41 @@ def test_cli_plan_applies_the_engine_options_it_is_given(capsys: pytest.CaptureF
     assert layout["grad_accumulation"] == "autograd" and layout["overlap_grad_reduce"] is False
     assert any("grad_accumulation=autograd" in n for n in with_opts["notes"])
     assert any("(defaults)" in n for n in plain["notes"])
+
+
+def _brute_force_best(
+    model: ModelSpec,
+    recipe: Recipe,
+    accs: list[Accelerator],
+    counts: tuple[int, ...],
+    options: LayoutOptions | None = None,
+) -> tuple[float, tuple[object, ...]]:
+    """The shortest time to train over ``estimate`` of every layout (tp, pp, ZeRO, sequence
+    parallelism), micro-batch 1-2 and recompute none/full, with the engine options applied."""
+    best, best_cfg = math.inf, ()
+    for acc, n, tp, pp, zero, sp, mb, rc in itertools.product(
+        accs, counts, (1, 2, 4), (1, 2, 4), (0, 1, 2, 3), (False, True), (1, 2), ("none", "full")
+    ):
+        if n % (tp * pp):
+            continue
+        core = Core(
+            tp=tp,
+            pp=pp,
+            cp=1,
+            ep=1,
+            sequence_parallel=sp,
+            micro_batch=mb,
+            recompute=rc,  # type: ignore[arg-type]
+            offload="none",
+            precision="bf16",
+            pp_schedule="1f1b",
+            virtual_stages=1,
+        )
+        try:
+            lay = core.layout(n // (tp * pp), zero, options or LayoutOptions())
+            e = estimate(System(accelerator=acc, num_devices=n), model, core.recipe(recipe), lay)
+        except TrainplanError:
+            continue
+        if e.feasible and e.run.time_s is not None and e.run.time_s < best:
+            best, best_cfg = e.run.time_s, (acc.name, n, lay, mb, rc)
+    return best, best_cfg
