@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from trainplan.comm import Collective, group_placement, network_from_system, step_collectives
 from trainplan.dtypes import BYTES_PER_ELEMENT
@@ -545,29 +546,45 @@ def pipeline_bubble_s(x: StepInputs, blocking_comm_s: Num) -> Num:
 
 
 def optimizer_offload_s(x: StepInputs) -> tuple[Num, Num]:
-    """(optimizer_s, offload_s): the update on the device (memory-bound), or on the CPU.
-
-    Offload: gradients out and parameters back over the host link, the CPU update at
-    :data:`HOST_MEMORY_BYTES_PER_S` (ZeRO-Offload, Ren et al. 2021, Sec. 5); parameter offload
-    (ZeRO-Infinity) also streams every layer's weights in for forward and backward (and the
-    recompute's forward hooks) beyond what the compute of those passes hides."""
+    """(optimizer_s, offload_s): the update on the device (memory-bound), or on the CPU
+    (:func:`offload_terms_s`, evaluated only for the candidates that offload)."""
     trained_shard = x.trainable_params_on_device / where(x.zero >= 1, x.shard, 1)
     update = trained_shard * x.update_bytes_per_param
     on_device = x.offload == 0
     optimizer_s = where(on_device, update / x.hbm_bytes_per_s, 0.0)
     if all_true(on_device):  # nothing offloaded: the host terms are 0 (not evaluated)
         return optimizer_s, 0.0 * optimizer_s
-    has_host = x.host_bytes_per_s > 0
-    safe_host = where(has_host, x.host_bytes_per_s, 1.0)
-    shard = maximum(1, x.shard)
-    grads_out = x.trainable_params_on_device * 2.0 / shard
+    if isinstance(on_device, bool):
+        return optimizer_s, offload_terms_s(x, update, lambda v: v)
+    np = sys.modules["numpy"]
+    idx = np.flatnonzero(~on_device)
+
+    def take(v: Any) -> Any:
+        return v[idx] if isinstance(v, np.ndarray) and v.ndim else v
+
+    offload_s = np.zeros(np.shape(on_device))
+    offload_s[idx] = offload_terms_s(x, take(update), take)
+    return optimizer_s, offload_s
+
+
+def offload_terms_s(x: StepInputs, update_bytes: Num, take: Callable[[Any], Any]) -> Num:
+    """Seconds of an offloaded step: gradients out and parameters back over the host link, the
+    CPU update at :data:`HOST_MEMORY_BYTES_PER_S` (ZeRO-Offload, Ren et al. 2021, Sec. 5);
+    parameter offload (ZeRO-Infinity) also streams every layer's weights in for forward and
+    backward (and the recompute's forward hooks) beyond what the compute of those passes hides.
+    ``take`` selects the offloading candidates of an input (identity for one estimate)."""
+    host = take(x.host_bytes_per_s)
+    has_host = host > 0
+    safe_host = where(has_host, host, 1.0)
+    shard = maximum(1, take(x.shard))
+    grads_out = take(x.trainable_params_on_device) * 2.0 / shard
     transfer = where(has_host, (grads_out + grads_out) / safe_host, 0.0)
-    offload_s = transfer + update / HOST_MEMORY_BYTES_PER_S
-    weights = x.params_on_device * 2.0 / shard
-    mf = as_float(x.micro_batches)
-    stream = maximum(0.0, mf * x.weight_refetches * weights / safe_host - mf * (x.t_f + x.t_b))
-    offload_s = where((x.offload == 2) & has_host, offload_s + stream, offload_s)
-    return optimizer_s, where(on_device, 0.0, offload_s)
+    offload_s = transfer + update_bytes / HOST_MEMORY_BYTES_PER_S
+    weights = take(x.params_on_device) * 2.0 / shard
+    mf = as_float(take(x.micro_batches))
+    compute = take(x.t_f) + take(x.t_b)
+    stream = maximum(0.0, mf * take(x.weight_refetches) * weights / safe_host - mf * compute)
+    return where((take(x.offload) == 2) & has_host, offload_s + stream, offload_s)
 
 
 def step_terms(x: StepInputs) -> dict[str, Num]:
