@@ -57,7 +57,7 @@ from trainplan.errors import CatalogError, LayoutError, TrainplanError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, ceil_div, logical_not, maximum, minimum, where
-from trainplan.recipe import Recipe
+from trainplan.recipe import Recipe, repeats_attention, reruns_forward_hooks
 
 CollectiveKind = Literal["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"]
 Level = Literal["none", "scale_up", "scale_out", "hierarchical"]
@@ -234,6 +234,11 @@ class LinkLevel:
     latency_s: float
     efficiency: float = 1.0
 
+    @property
+    def link(self) -> Link:
+        """(bandwidth, latency, efficiency): the level as :func:`collective_time_s` reads it."""
+        return (self.bandwidth_bytes_per_s, self.latency_s, self.efficiency)
+
     def __post_init__(self) -> None:
         _check(0.0, 1, self.bandwidth_bytes_per_s, self.latency_s, self.efficiency)
         if not self.bandwidth_bytes_per_s > 0:
@@ -272,16 +277,7 @@ def hierarchical_s(
     up, out = scale_up, scale_out
     for level in (up, out):
         _check(n_bytes, group, level.bandwidth_bytes_per_s, level.latency_s, level.efficiency)
-    return float(
-        collective_time_s(
-            kind,
-            n_bytes,
-            group,
-            n_l,
-            (up.bandwidth_bytes_per_s, up.latency_s, up.efficiency),
-            (out.bandwidth_bytes_per_s, out.latency_s, out.efficiency),
-        )
-    )
+    return float(collective_time_s(kind, n_bytes, group, n_l, up.link, out.link))
 
 
 def hierarchical_all_reduce_s(
@@ -457,20 +453,19 @@ class Network:
             return 0.0
         if n_bytes < 0:
             raise TrainplanError("n_bytes", f"must be >= 0, got {n_bytes}")
-        up = self.scale_up
-        up_link = (up.bandwidth_bytes_per_s, up.latency_s, up.efficiency)
+        up = self.scale_up.link
         if placement.level == "scale_up":  # the links were checked when built (LinkLevel)
-            return float(collective_time_s(kind, n_bytes, placement.size, placement.size, up_link, up_link))
-        out = self.scale_out
-        if out is None:
+            return float(collective_time_s(kind, n_bytes, placement.size, placement.size, up, up))
+        if self.scale_out is None:
             raise CatalogError(
                 "scale_out",
                 f"the {placement.name} group spans {placement.domains} scale-up domains but the system has "
                 "no scale-out network; keep the group inside one domain or add a scale-out link",
             )
-        out_link = (out.bandwidth_bytes_per_s, out.latency_s, out.efficiency)
         return float(
-            collective_time_s(kind, n_bytes, placement.size, placement.ranks_per_domain, up_link, out_link)
+            collective_time_s(
+                kind, n_bytes, placement.size, placement.ranks_per_domain, up, self.scale_out.link
+            )
         )
 
 
@@ -1021,7 +1016,7 @@ def context_parallel_collectives(
         cp_size=cp.size,
         layers=layers,
         micro_batches=micro_batches,
-        recompute_repeats_ring=recompute in ("full", "selective"),
+        recompute_repeats_ring=repeats_attention(recompute),
     )
     return timed_collectives(traffic, network, {"cp": cp})
 
@@ -1203,8 +1198,8 @@ def step_collectives(
             micro_batch=recipe.micro_batch,
             sequence_parallel=layout.sequence_parallel,
             recompute_full=recipe.recompute == "full",
-            recompute_repeats_ring=recipe.recompute in ("full", "selective"),
-            regather_for_recompute=recipe.recompute in ("full", "sac"),
+            recompute_repeats_ring=repeats_attention(recipe.recompute),
+            regather_for_recompute=reruns_forward_hooks(recipe.recompute),
             skipped_reductions=recompute_skipped_tp_reductions(
                 spec, recipe, math.ceil(spec.num_layers / layout.pp)
             ),

@@ -1136,7 +1136,6 @@ class StageActivations:
     ``total_bytes + per_microbatch_bytes · (k − inflight)``.
     """
 
-    inflight: float
     terms: dict[str, float]
     per_microbatch_bytes: float
     recompute_transient_bytes: float  # the recomputed layer (full) or the sac working set
@@ -1198,7 +1197,6 @@ def stage_activations(
     if stage == layout.pp - 1:
         logits_saved, logits_transient = logits_bytes(model, recipe, layout)
     return StageActivations(
-        inflight=inflight,
         terms=act_terms,
         per_microbatch_bytes=(sum(act_terms.values()) - fixed) / inflight,
         recompute_transient_bytes=largest_layer_full,
@@ -1214,7 +1212,6 @@ def _stage_breakdown(
     dev = device_params(model, layout, stage, recipe.lora)
     st = _model_states(model, recipe, layout, dev)
     acts = stage_activations(model, recipe, layout, stage, num_microbatches)
-    act_terms = acts.terms
     fields = stage_memory_fields(
         vars(st),
         activations=acts.total_bytes,
@@ -1237,7 +1234,7 @@ def _stage_breakdown(
         ),
         params_on_device=dev.total,
         trainable_params_on_device=st.trainable,
-        activation_terms=act_terms,
+        activation_terms=acts.terms,
         fsdp=layout.zero == 3,
     )
 

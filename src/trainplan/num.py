@@ -12,7 +12,7 @@ not load it; an array argument means numpy is loaded already.
 Rules for a term written over ``Num``:
 
 * no ``if`` on a value that may be an array: use :func:`where` (both branches are evaluated, so
-  neither may raise: guard divisions with :func:`safe_div`);
+  neither may raise: guard a division by selecting a safe divisor first);
 * ``max``/``min`` of two values: :func:`maximum` / :func:`minimum`;
 * ``⌈a / b⌉`` of integers: :func:`ceil_div`;
 * a condition of a scalar caller is a Python ``bool``, of an array caller a bool array.
@@ -96,17 +96,6 @@ def ceil_div(a: Int, b: Int) -> Int:
     return -(-a // b)
 
 
-def safe_div(a: Num, b: Num) -> Num:
-    """``a / b`` where ``b != 0``, else 0 (both branches of a :func:`where` are evaluated)."""
-    if is_scalar(a, b):
-        return a / b if b != 0 else 0.0
-    np = _np()
-    b_arr = np.asarray(b, dtype=np.float64)
-    return cast(
-        "Num", np.where(b_arr != 0, np.asarray(a, dtype=np.float64) / np.where(b_arr != 0, b_arr, 1.0), 0.0)
-    )
-
-
 def as_float(x: Num) -> Num:
     """``float(x)`` for a scalar, a float64 array otherwise."""
     if x.__class__ in _SCALAR_TYPES or isinstance(x, int | float):
@@ -133,7 +122,6 @@ __all__ = [
     "logical_not",
     "maximum",
     "minimum",
-    "safe_div",
     "total",
     "where",
 ]

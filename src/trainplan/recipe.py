@@ -68,6 +68,26 @@ GEMM_DTYPE: Final[dict[str, str]] = {
 }
 
 
+def reruns_forward_hooks(recompute: str) -> bool:
+    """Whether a recompute mode re-runs the modules' forward (and so their hooks): full recompute,
+    and per-op selective checkpointing (``sac``), whose cached matmuls skip the arithmetic but not
+    the modules' forward. Per-parameter ZeRO-3 gathers run again; ZeRO-Infinity streams the
+    weights in a third time."""
+    return recompute in ("full", "sac")
+
+
+def repeats_attention(recompute: str) -> bool:
+    """Whether a recompute mode runs the attention forward again (full, and selective: the
+    attention core), so a context-parallel ring repeats its K/V exchange."""
+    return recompute in ("full", "selective")
+
+
+def fp32_main_grad(weight_dtype: str) -> bool:
+    """Megatron-LM's main-gradient buffer is FP32 for BF16 weights (``megatron/arguments.py``
+    forces FP32 accumulation for BF16) and for FP32 training; else it has the weight dtype."""
+    return weight_dtype in ("bf16", "fp32")
+
+
 def _check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise RecipeError(field_name, f"unknown value {value!r}; choose one of {', '.join(choices)}")

@@ -68,7 +68,7 @@ from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, all_true, as_float, maximum, total, where
-from trainplan.recipe import Recipe
+from trainplan.recipe import OFFLOADS, Recipe, fp32_main_grad, reruns_forward_hooks
 from trainplan.terms import TIME_TERMS
 
 FLASH_ATTENTION_EFFICIENCY: Final[dict[str, float]] = {
@@ -375,7 +375,7 @@ def grad_accumulation_bytes(
             layout.grad_accumulation,
             trainable_params_on_device,
             float(BYTES_PER_ELEMENT[recipe.weight_dtype]),
-            recipe.weight_dtype in ("bf16", "fp32"),
+            fp32_main_grad(recipe.weight_dtype),
             layout.zero,
             layout.shard_group,
             micro_batches,
@@ -423,16 +423,13 @@ def grad_accumulation_bytes_n(
     return 0.0 * p
 
 
-OFFLOAD_CODES: Final = ("none", "optimizer", "optimizer+params")
-"""``Recipe.offload`` as the integer code the step-time terms read (0, 1, 2)."""
-
-SCHEDULE_BUBBLE_DIVISOR: Final = {"1f1b": "1", "interleaved": "v", "zb": "3"}
-"""What divides (p − 1)·t_slot per pipeline schedule (module docstring): 1, the virtual stages
-v, or 3 (ZB-H1)."""
+OFFLOAD_CODES: Final = OFFLOADS
+"""``Recipe.offload`` as the integer code the step-time terms read: its index here (0 none)."""
 
 
 def bubble_divisor(schedule: str, virtual_stages: Int) -> Num:
-    """The divisor of :data:`SCHEDULE_BUBBLE_DIVISOR` for one schedule."""
+    """What divides (p − 1)·t_slot for a pipeline schedule (module docstring): 1 (1F1B), the
+    virtual stages v (interleaved), 3 (ZB-H1)."""
     if schedule == "interleaved":
         return as_float(virtual_stages)
     return 3.0 if schedule == "zb" else 1.0
@@ -761,7 +758,7 @@ def step_time(
         hbm_bytes_per_s=bw,
         host_bytes_per_s=host.bandwidth_bytes_per_s if host is not None else 0.0,
         offload=OFFLOAD_CODES.index(recipe.offload),
-        weight_refetches=3 if recipe.recompute in ("full", "sac") else 2,
+        weight_refetches=3 if reruns_forward_hooks(recipe.recompute) else 2,
         grad_accum_bytes=grad_accumulation_bytes(mem.trainable_params_on_device, recipe, layout, m),
         tp_comm_overlap=layout.tp_comm_overlap,
         pp_comm_overlap=layout.pp_comm_overlap,

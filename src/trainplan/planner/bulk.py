@@ -79,7 +79,13 @@ from trainplan.errors import TrainplanError
 from trainplan.flops import device_flops, optimizer_update_bytes, step_flops
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
-from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions, PipelineSchedule
+from trainplan.layout import (
+    DEFAULT_LAYOUT_OPTIONS,
+    PIPELINE_SCHEDULES,
+    Layout,
+    LayoutOptions,
+    PipelineSchedule,
+)
 from trainplan.memory import (
     CUDA_CONTEXT_BYTES,
     MemoryBreakdown,
@@ -94,13 +100,24 @@ from trainplan.memory import (
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import RECOMPUTES, Offload, Precision, Recipe, Recompute
+from trainplan.recipe import (
+    RECOMPUTES,
+    Offload,
+    Precision,
+    Recipe,
+    Recompute,
+    fp32_main_grad,
+    repeats_attention,
+    reruns_forward_hooks,
+)
 from trainplan.sharding import device_params
 from trainplan.timing import (
     HOST_MEMORY_BYTES_PER_S,
+    OFFLOAD_CODES,
     StepInputs,
     _pass_time_s,
     _stage_gemm_efficiency,
+    bubble_divisor,
     calibrated_kappa,
     flops_utilisation,
     grad_accumulation_bytes_n,
@@ -123,8 +140,8 @@ CHUNK: Final = 1 << 18
 step time and of the memory peak then stay in the processor cache. Element-wise formulas give
 the same result in any chunking."""
 _RECOMPUTES: Final = RECOMPUTES  # codes 0.. in the core table (none, selective, full, sac)
-_OFFLOADS: Final = ("none", "optimizer", "optimizer+params")  # codes 0, 1, 2 in the time model
-_SCHEDULES: Final = ("1f1b", "interleaved", "zb")  # codes 0, 1, 2 in the time model
+_OFFLOADS: Final = OFFLOAD_CODES  # codes 0, 1, 2 in the time model
+_SCHEDULES: Final = PIPELINE_SCHEDULES  # codes 0, 1, 2 in the core table
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
@@ -650,12 +667,8 @@ def accel_constants(acc: Accelerator, recipe: Recipe, price: float | None) -> _A
     bw = acc.memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency
     # Two devices are enough to read the links; the domain size comes from the catalog.
     net = network_from_system(System(accelerator=acc, num_devices=max(2, acc.scale_up.domain_size)))
-    up = (net.scale_up.bandwidth_bytes_per_s, net.scale_up.latency_s, net.scale_up.efficiency)
-    out = (
-        None
-        if net.scale_out is None
-        else (net.scale_out.bandwidth_bytes_per_s, net.scale_out.latency_s, net.scale_out.efficiency)
-    )
+    up = cast(tuple[float, float, float], net.scale_up.link)
+    out = None if net.scale_out is None else cast(tuple[float, float, float], net.scale_out.link)
     host = acc.host_link
     return _Accel(
         acc=acc,
@@ -948,24 +961,20 @@ class BulkEvaluator:
         self._fkey_flops = flop_of_core[self._fkey_core]
         self._c_sp = tab[:, 4] == 1
         self._c_full = tab[:, 6] == rc_code["full"]
-        # timing.step_time: ZeRO-Infinity streams the weights a third time under full and sac recompute
-        self._c_refetch = self._c_full | (tab[:, 6] == rc_code["sac"])
-        # comm.context_parallel_collectives: full and selective recompute repeat the forward ring
-        # (sac is not modelled with context parallelism: its cores have cp = 1)
-        self._c_rc_any = (tab[:, 6] == rc_code["full"]) | (tab[:, 6] == rc_code["selective"])
+        rc_tab = tab[:, 6]
+        # recipe.reruns_forward_hooks / repeats_attention: the recompute modes that rerun the
+        # modules' forward (gathers and weight streams again) and the attention (the cp ring)
+        self._c_refetch = np.array([reruns_forward_hooks(r) for r in _RECOMPUTES])[rc_tab]
+        self._c_rc_any = np.array([repeats_attention(r) for r in _RECOMPUTES])[rc_tab]
         self._c_off = np.ascontiguousarray(tab[:, 7])
-        # The pipeline bubble is (pp − 1) slots over v (interleaved) or 3 (ZB-H1); dividing by 1
-        # (1F1B) is exact, so one division serves every schedule.
-        self._c_p1 = (tab[:, 1] - 1).astype(np.float64)
-        bubble_div = {"1f1b": 1.0, "interleaved": np.nan, "zb": 3.0}
-        self._c_bubble_div = np.array([bubble_div[s] for s in _SCHEDULES])[tab[:, 9]]
-        inter = tab[:, 9] == _SCHEDULES.index("interleaved")
-        self._c_bubble_div[inter] = tab[inter, 10]
+        self._c_bubble_div = np.array(
+            [float(bubble_divisor(_SCHEDULES[s], int(v))) for s, v in tab[:, (9, 10)].tolist()]
+        )
         # Recipe figures per distinct (micro-batch, recompute, offload, precision).
         r_of_core, r_first = keyed((5, 6, 7, 8))
         r_recipes = [cores[c].recipe(self.base) for c in r_first]
         self._c_e = np.array([float(BYTES_PER_ELEMENT[r.weight_dtype]) for r in r_recipes])[r_of_core]
-        self._c_fp32_main = np.array([r.weight_dtype in ("bf16", "fp32") for r in r_recipes])[r_of_core]
+        self._c_fp32_main = np.array([fp32_main_grad(r.weight_dtype) for r in r_recipes])[r_of_core]
         self._c_update = np.array([optimizer_update_bytes(1.0, r) for r in r_recipes])[r_of_core]
         # Trainable (PEFT: adapters over all stages, tp = 1 as step_time counts them) per pp.
         if self.base.is_peft:
