@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -553,7 +552,8 @@ def optimizer_offload_s(x: StepInputs) -> tuple[Num, Num]:
         return optimizer_s, 0.0 * optimizer_s
     if isinstance(on_device, bool):
         return optimizer_s, offload_terms_s(x, update, lambda v: v)
-    np = sys.modules["numpy"]
+    import numpy as np  # an array argument: numpy is loaded already
+
     idx = np.flatnonzero(~on_device)
 
     def take(v: Any) -> Any:
