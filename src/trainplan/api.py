@@ -75,7 +75,12 @@ def estimate_inputs(values: Mapping[str, Any]) -> tuple[System, ModelSpec, Recip
     acc = _accelerator(values["hardware"], values.get("hardware_file") or ())
     recipe = inputs.build_recipe(values)
     layout = inputs.build_layout(values)
-    return System(accelerator=acc, num_devices=values["devices"]), model, recipe, layout
+    system = System(
+        accelerator=acc,
+        num_devices=values["devices"],
+        host_memory_bytes_per_node=inputs.host_memory_bytes(values),
+    )
+    return system, model, recipe, layout
 
 
 def estimate_from_values(values: Mapping[str, Any]) -> Estimate:
@@ -128,7 +133,11 @@ def estimate(
     if isinstance(hardware, System):
         system = hardware
     else:
-        system = System(accelerator=_accelerator(hardware, hardware_file), num_devices=values["devices"])
+        system = System(
+            accelerator=_accelerator(hardware, hardware_file),
+            num_devices=values["devices"],
+            host_memory_bytes_per_node=inputs.host_memory_bytes(values),
+        )
     return _predict(
         system,
         _model(model),

@@ -63,6 +63,14 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
     lines.append(f"  {'capacity':34s}{_fmt_size(mem.capacity_bytes, binary)}")
     if mem.host_bytes:
         lines.append(f"  {'offloaded to host memory':34s}{_fmt_size(mem.host_bytes, binary)}")
+        cap = mem.host_capacity_bytes_per_node
+        lines.append(
+            f"  {'host memory per server':34s}{_fmt_size(mem.host_bytes_per_node, binary)}"
+            f"  ({mem.devices_on_node} device(s)) of "
+            + (f"{_fmt_size(cap, binary).strip()} {unit}" if cap is not None else "unknown capacity")
+        )
+    for note in mem.notes():
+        lines.append(f"  note: {note}")
     if mem.paged_optimizer_bytes:
         lines.append(
             f"  {'paged optimizer (unified memory)':34s}{_fmt_size(mem.paged_optimizer_bytes, binary)}"

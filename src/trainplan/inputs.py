@@ -207,6 +207,24 @@ HARDWARE_FILE: Final = Field(
     help="extra accelerator catalog file (TOML, same schema as the built-ins); repeatable",
 )
 
+HOST_MEMORY: Final = Field(
+    name="host_memory",
+    group="hardware",
+    type=float,
+    positive=True,
+    metavar="GB",
+    help="CPU memory per server in GB (10^9 bytes), for offloaded states "
+    "(default: the catalog's reference server; see `trainplan hardware show`)",
+)
+SYSTEM_FIELDS: Final = (HOST_MEMORY,)
+
+
+def host_memory_bytes(values: Mapping[str, Any]) -> float | None:
+    """``--host-memory`` in bytes, ``None`` when not given (the catalog's figure applies)."""
+    gb = values.get("host_memory")
+    return None if gb is None else float(gb) * 1e9
+
+
 # --- the layout -----------------------------------------------------------------------------------
 LAYOUT_OPTION_FIELDS: Final = (
     _switch(
@@ -626,13 +644,14 @@ def open_for_search(fields: Iterable[Field]) -> tuple[Field, ...]:
     return tuple(dataclasses.replace(f, default=None) if f.searchable else f for f in fields)
 
 
-ESTIMATE_FIELDS: Final = (*LAYOUT_FIELDS, *RECIPE_FIELDS, *COST_FIELDS)
+ESTIMATE_FIELDS: Final = (*SYSTEM_FIELDS, *LAYOUT_FIELDS, *RECIPE_FIELDS, *COST_FIELDS)
 """The layout, recipe and cost fields of ``estimate`` (the keywords of :func:`trainplan.estimate`)."""
 PLAN_FIELDS: Final = (
     PLAN_HARDWARE,
     PLAN_DEVICES,
     *PLAN_CONSTRAINTS,
     HARDWARE_FILE,
+    *SYSTEM_FIELDS,
     *SEARCH_FIELDS,
     *open_for_search(RECIPE_FIELDS),
     *LAYOUT_OPTION_FIELDS,
@@ -643,6 +662,7 @@ COMPARE_FIELDS: Final = (
     COMPARE_HARDWARE,
     COMPARE_DEVICES,
     HARDWARE_FILE,
+    *SYSTEM_FIELDS,
     *SEARCH_FIELDS,
     *open_for_search(RECIPE_FIELDS),
     *LAYOUT_OPTION_FIELDS,

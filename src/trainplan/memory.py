@@ -159,6 +159,8 @@ class MemoryBreakdown:
     params_on_device: int
     trainable_params_on_device: int
     activation_terms: dict[str, float] = field(default_factory=dict)
+    host_capacity_bytes_per_node: float | None = None  # the server's CPU memory; None = unknown
+    devices_on_node: int = 1  # this job's devices on one server (they share its CPU memory)
     paged_optimizer_bytes: float = 0.0
     """Optimizer states of a paged (bitsandbytes) optimizer, in CUDA unified memory: outside
     PyTorch's allocator (not in ``peak_bytes``, as ``max_memory_allocated`` does not see them)
@@ -319,8 +321,37 @@ class MemoryBreakdown:
         return self.peak_bytes + self.cuda_context_bytes + self.fragmentation_bytes
 
     @property
-    def fits(self) -> bool:
+    def device_fits(self) -> bool:
         return self.per_device_bytes <= self.capacity_bytes
+
+    @property
+    def host_bytes_per_node(self) -> float:
+        """Offloaded states on one server (:func:`host_bytes_per_node`)."""
+        return cast(float, host_bytes_per_node(self.host_bytes, self.devices_on_node))
+
+    @property
+    def host_fits(self) -> bool | None:
+        """The offloaded states fit the server's CPU memory; ``None`` when something is offloaded
+        and the host memory is unknown (unchecked: the estimate says so)."""
+        if not self.host_bytes:
+            return True
+        if self.host_capacity_bytes_per_node is None:
+            return None
+        return bool(host_fits(self.host_bytes, self.devices_on_node, self.host_capacity_bytes_per_node))
+
+    @property
+    def fits(self) -> bool:
+        """Fits device memory, and the host memory where states are offloaded and it is known."""
+        return self.device_fits and self.host_fits is not False
+
+    def notes(self) -> list[str]:
+        """What the memory verdict could not check."""
+        if self.host_fits is None:
+            return [
+                f"host memory unchecked: {fmt_bytes(self.host_bytes_per_node)} offloaded per server, "
+                "and the catalog has no reference server for this accelerator; give --host-memory"
+            ]
+        return []
 
     def terms(self) -> list[tuple[str, float]]:
         """The visible sum at the peak moment: these terms add up to ``per_device_bytes``."""
@@ -332,21 +363,35 @@ class MemoryBreakdown:
 
     def reasons(self) -> list[str]:
         """Why it does not fit: the excess and the largest terms that cause it."""
-        if self.fits:
-            return []
-        excess = self.per_device_bytes - self.capacity_bytes
-        top = sorted(self.terms(), key=lambda kv: kv[1], reverse=True)[:3]
-        named = ", ".join(f"{name} {fmt_bytes(v)}" for name, v in top if v > 0)
-        return [
-            f"needs {fmt_bytes(self.per_device_bytes)} per device > {fmt_bytes(self.capacity_bytes)} "
-            f"capacity (over by {fmt_bytes(excess)}) at the {self.peak_phase}; largest terms: {named}"
-        ]
+        out = []
+        if not self.device_fits:
+            excess = self.per_device_bytes - self.capacity_bytes
+            top = sorted(self.terms(), key=lambda kv: kv[1], reverse=True)[:3]
+            named = ", ".join(f"{name} {fmt_bytes(v)}" for name, v in top if v > 0)
+            out.append(
+                f"needs {fmt_bytes(self.per_device_bytes)} per device > {fmt_bytes(self.capacity_bytes)} "
+                f"capacity (over by {fmt_bytes(excess)}) at the {self.peak_phase}; largest terms: {named}"
+            )
+        if self.host_fits is False:
+            assert self.host_capacity_bytes_per_node is not None
+            out.append(
+                f"offloads {fmt_bytes(self.host_bytes_per_node)} per server ({self.devices_on_node} device(s) × "
+                f"{fmt_bytes(self.host_bytes)}) > {fmt_bytes(self.host_capacity_bytes_per_node)} host memory; "
+                "offload less, shard over more devices, or give the server's --host-memory"
+            )
+        return out
 
     def to_dict(self) -> dict[str, object]:
         return {
             "per_device_bytes": self.per_device_bytes,
             "capacity_bytes": self.capacity_bytes,
             "fits": self.fits,
+            "device_fits": self.device_fits,
+            "host_fits": self.host_fits,
+            "host_bytes_per_node": self.host_bytes_per_node,
+            "host_capacity_bytes_per_node": self.host_capacity_bytes_per_node,
+            "devices_on_node": self.devices_on_node,
+            "notes": self.notes(),
             "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase,
             "phase_bytes": {p: self.phase_bytes(p) for p in self.phases},
@@ -1082,6 +1127,25 @@ LOSS_FORWARD_FRACTION: Final = 0.75
 losses."""
 
 
+def host_bytes_per_node(host_bytes_per_device: Num, devices_on_node: Int) -> Num:
+    """CPU memory the offloaded states take on one server.
+
+    Under ZeRO-Offload each data-parallel rank keeps its own partition of the optimizer states,
+    FP32 master weights and reduced gradients in the memory of its host (Ren et al. 2021,
+    "ZeRO-Offload", Sec. 4.1 and Fig. 3), and ZeRO-Infinity adds the parameter partition
+    (Rajbhandari et al. 2021, Sec. 5): the server holds the partitions of all its devices. The
+    worst pipeline stage's partition stands for every device on the server (stages differ only
+    by embedding and head)."""
+    return host_bytes_per_device * devices_on_node
+
+
+def host_fits(host_bytes_per_device: Num, devices_on_node: Int, host_capacity_bytes_per_node: Num) -> Bool:
+    """The offloaded states of one server fit its CPU memory (:func:`host_bytes_per_node`);
+    the operating system, data loaders and pinned staging buffers also use host memory and are
+    not counted, so a plan at the edge is optimistic."""
+    return host_bytes_per_node(host_bytes_per_device, devices_on_node) <= host_capacity_bytes_per_node
+
+
 def stage_memory_fields(
     states: Mapping[str, Num],
     *,
@@ -1207,7 +1271,13 @@ def stage_activations(
 
 
 def _stage_breakdown(
-    model: ModelSpec, recipe: Recipe, layout: Layout, stage: int, capacity_bytes: float, num_microbatches: int
+    model: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    stage: int,
+    capacity_bytes: float,
+    num_microbatches: int,
+    host: tuple[float | None, int],
 ) -> MemoryBreakdown:
     dev = device_params(model, layout, stage, recipe.lora)
     st = _model_states(model, recipe, layout, dev)
@@ -1228,6 +1298,8 @@ def _stage_breakdown(
         comm_buffers_bytes=0.0,
         cuda_context_bytes=CUDA_CONTEXT_BYTES,
         capacity_bytes=capacity_bytes,
+        host_capacity_bytes_per_node=host[0],
+        devices_on_node=host[1],
         stage=stage,
         grads_live_at_backward_start=bool(
             grads_live_at_backward_start(num_microbatches, recipe.optimizer_in_backward)
@@ -1246,9 +1318,13 @@ def memory_breakdown(
     *,
     capacity_bytes: float = float("inf"),
     num_microbatches: int | None = None,
+    host_capacity_bytes_per_node: float | None = None,
+    devices_on_node: int = 1,
 ) -> MemoryBreakdown:
     """Per-device memory of the worst pipeline stage (stage 0 and the last stage are evaluated;
-    stage 0 holds the most in-flight activations, the last stage the logits and LM head)."""
+    stage 0 holds the most in-flight activations, the last stage the logits and LM head).
+    ``host_capacity_bytes_per_node`` and ``devices_on_node`` check offloaded states against the
+    server's CPU memory (:func:`host_fits`)."""
     layout.check_model(model)
     nmb = num_microbatches
     if nmb is None:
@@ -1264,7 +1340,8 @@ def memory_breakdown(
     if recipe.recompute == "sac":
         check_sac(model, layout)
     stages = sorted({0, layout.pp - 1})
-    results = [_stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb) for st in stages]
+    host = (host_capacity_bytes_per_node, devices_on_node)
+    results = [_stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb, host) for st in stages]
     return max(results, key=lambda m: m.per_device_bytes)
 
 

@@ -191,7 +191,13 @@ def estimate(
         trainable_params=trainable_params(model, recipe, layout),
     )
     mem = memory_breakdown(
-        model, recipe, layout, capacity_bytes=system.accelerator.memory_bytes, num_microbatches=nmb
+        model,
+        recipe,
+        layout,
+        capacity_bytes=system.accelerator.memory_bytes,
+        num_microbatches=nmb,
+        host_capacity_bytes_per_node=system.host_memory_bytes_per_node,
+        devices_on_node=system.devices_on_a_node,
     )
     time = step_time(system, model, recipe, layout, memory=mem)
     thr = throughput(system, model, recipe, layout, time)

@@ -27,7 +27,7 @@ from trainplan.dtypes import PEAK_KEYS
 from trainplan.errors import CatalogError
 
 STATUSES: Final[tuple[str, ...]] = ("shipping", "announced")
-SOURCE_KEYS: Final[tuple[str, ...]] = ("peak_flops", "memory", "power", "price")
+SOURCE_KEYS: Final[tuple[str, ...]] = ("peak_flops", "memory", "power", "price", "host_memory")
 
 _NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 _DATE_RE: Final = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
@@ -159,6 +159,9 @@ class Accelerator:
     purchase_usd: float | None = None
     cloud: tuple[CloudOffering, ...] = ()
     devices_per_node: int
+    host_memory_bytes_per_node: float | None = None
+    """CPU memory of the reference server (``devices_per_node`` accelerators), for offloaded
+    states; ``None`` when the catalog knows no reference server (give it per system)."""
     sources: Mapping[str, str]
     notes: tuple[str, ...] = field(default=())
 
@@ -212,7 +215,15 @@ class Accelerator:
         for key in self.sources:
             if key not in SOURCE_KEYS:
                 raise CatalogError(f"sources.{key}", f"unknown source group; use {', '.join(SOURCE_KEYS)}")
+        if self.host_memory_bytes_per_node is not None:
+            _positive(
+                "host_memory_bytes_per_node",
+                self.host_memory_bytes_per_node,
+                "give the server's CPU memory in bytes (2 TiB = 2199023255552), or leave it out",
+            )
         required = ["peak_flops", "memory"]
+        if self.host_memory_bytes_per_node is not None:
+            required.append("host_memory")
         if self.tdp_w is not None:
             required.append("power")
         if self.purchase_usd is not None:
@@ -278,6 +289,7 @@ class Accelerator:
             "purchase_usd": None if self.purchase_usd is None else float(self.purchase_usd),
             "cloud": [o.to_dict() for o in self.cloud],
             "devices_per_node": self.devices_per_node,
+            "host_memory_bytes_per_node": self.host_memory_bytes_per_node,
             "sources": dict(self.sources),
             "notes": list(self.notes),
         }

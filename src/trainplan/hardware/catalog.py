@@ -54,6 +54,7 @@ _ACCELERATOR_KEYS: Final[dict[str, tuple[str, bool]]] = {
     "purchase_usd": (_NUM, False),
     "cloud": (_CLOUD, False),
     "devices_per_node": (_INT, True),
+    "host_memory_bytes_per_node": (_NUM, False),
     "sources": (_TABLE, True),
     "notes": (_STRS, False),
 }

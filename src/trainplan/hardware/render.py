@@ -113,6 +113,14 @@ def render_show(acc: Accelerator) -> str:
     lines.extend(_link_lines("scale-out", acc.scale_out, scale_up=False))
     lines.extend(_link_lines("host link", acc.host_link, scale_up=False))
     lines.append(f"  devices per node: {acc.devices_per_node}")
+    host = acc.host_memory_bytes_per_node
+    lines.append(
+        f"  host memory per node: {host / 1e9:,.0f} GB ({host / 2**30:,.0f} GiB)"
+        if host is not None
+        else "  host memory per node: unknown (give --host-memory to check offloaded states)"
+    )
+    if host is not None:
+        lines.append(f"  source: {acc.sources['host_memory']}")
     lines.append("Power")
     lines.append(f"  TDP {_DASH if acc.tdp_w is None else f'{acc.tdp_w:,.0f} W'}")
     lines.append(f"  source: {src.get('power', _DASH)}")

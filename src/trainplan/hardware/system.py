@@ -8,7 +8,7 @@ board, 72 in an NVL72 rack, the ICI slice on TPU); collectives inside it use
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainplan.errors import CatalogError, TrainplanError
 from trainplan.hardware.accelerator import Accelerator, CloudOffering
@@ -20,7 +20,10 @@ class System:
 
     ``devices_per_node`` and ``scale_up_domain`` default (when 0) to the accelerator's
     ``devices_per_node`` and ``scale_up.domain_size``; the scale-up domain is capped by
-    ``num_devices`` (a 4-GPU job on an NVL72 rack has a 4-device domain). ``offering`` is the
+    ``num_devices`` (a 4-GPU job on an NVL72 rack has a 4-device domain).
+    ``host_memory_bytes_per_node`` defaults (when ``None``) to the accelerator's reference
+    server; it stays ``None`` when the catalog has none (offloaded states are then unchecked,
+    and the estimate says so). ``offering`` is the
     price to use; ``None`` means the catalog default, the cheapest listed cloud offering (see
     :attr:`price`).
     """
@@ -32,6 +35,7 @@ class System:
     host_memory_bytes_per_node: float | None = None
     nvme_bytes_per_s_per_node: float | None = None
     offering: CloudOffering | None = None
+    host_memory_given: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.accelerator, Accelerator):
@@ -58,6 +62,12 @@ class System:
                 isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
             ):
                 raise TrainplanError(key, f"must be a positive number of bytes (or bytes/s), got {value!r}")
+        if self.host_memory_bytes_per_node is None:
+            object.__setattr__(
+                self, "host_memory_bytes_per_node", self.accelerator.host_memory_bytes_per_node
+            )
+        else:
+            object.__setattr__(self, "host_memory_given", True)
         if self.offering is not None and not isinstance(self.offering, CloudOffering):
             raise TrainplanError("offering", "must be a CloudOffering or None")
 
@@ -65,6 +75,20 @@ class System:
     def num_nodes(self) -> int:
         """Servers needed: ceil(num_devices / devices_per_node)."""
         return math.ceil(self.num_devices / self.devices_per_node)
+
+    @property
+    def devices_on_a_node(self) -> int:
+        """This job's accelerators on one server: min(num_devices, devices_per_node)."""
+        return min(self.num_devices, self.devices_per_node)
+
+    @property
+    def host_memory_source(self) -> str:
+        """Where ``host_memory_bytes_per_node`` comes from: the user, the catalog, or nowhere."""
+        if self.host_memory_given:
+            return "given (--host-memory)"
+        if self.host_memory_bytes_per_node is None:
+            return "unknown (no reference server in the catalog; give --host-memory)"
+        return self.accelerator.sources.get("host_memory", "catalog")
 
     @property
     def num_scale_up_domains(self) -> int:
@@ -95,6 +119,7 @@ class System:
             "num_nodes": self.num_nodes,
             "scale_up_domain": self.scale_up_domain,
             "host_memory_bytes_per_node": self.host_memory_bytes_per_node,
+            "host_memory_source": self.host_memory_source,
             "nvme_bytes_per_s_per_node": self.nvme_bytes_per_s_per_node,
             "offering": None if price is None else price.to_dict(),
             "usd_per_hour": self.usd_per_hour,

@@ -95,6 +95,7 @@ from trainplan.memory import (
     capped_inflight,
     grads_live_at_backward_start,
     held_microbatches,
+    host_fits,
     stage_activations,
     stage_memory_fields,
 )
@@ -703,6 +704,7 @@ class BulkEvaluator:
         *,
         pue: float,
         options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS,
+        host_memory_bytes_per_node: float | None = None,
     ) -> None:
         if base.global_batch is None:
             raise TrainplanError("global_batch", "the planner needs a fixed global batch")
@@ -737,6 +739,12 @@ class BulkEvaluator:
         self._build_core_tables()
         accs = accelerators
         self._acc_capacity = np.array([ac.memory_bytes for ac in accs], dtype=np.float64)
+        # CPU memory per server for offloaded states (memory.host_fits); unknown: unchecked (inf)
+        self._acc_host_capacity = np.array(
+            [host_memory_bytes_per_node or ac.host_memory_bytes_per_node or np.inf for ac in accs],
+            dtype=np.float64,
+        )
+        self._acc_per_node = np.array([ac.devices_per_node for ac in accs], dtype=np.int64)
         self._acc_domain = np.array([ac.scale_up.domain_size for ac in accs], dtype=np.int64)
         self._acc_no_out = np.array([ac.scale_out is None for ac in accs], dtype=bool)
         self._acc_fast_hbm = np.array(
@@ -1237,12 +1245,15 @@ class BulkEvaluator:
         mem = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         r_ok = mem["invalid"][key] == VALID
         r_pd = mem["per_device"][key]
+        r_host = mem["host"][key]
         r_twin = self._twin_rows(seg)
 
         # --- per segment: capacity, network validity, fit and dominance ----------------------
         s_cap = self._acc_capacity[seg.acc]
         s_bad = (seg.devices > np.minimum(self._acc_domain[seg.acc], seg.devices)) & self._acc_no_out[seg.acc]
         s_fast = self._acc_fast_hbm[seg.acc]
+        s_host_cap = self._acc_host_capacity[seg.acc]
+        s_on_node = np.minimum(seg.devices, self._acc_per_node[seg.acc])
         fits = np.zeros(n, dtype=bool)
         dominated = np.zeros(n, dtype=bool)
         empty = np.zeros(0, dtype=np.int64)
@@ -1252,7 +1263,12 @@ class BulkEvaluator:
         for ss in np.split(by_block, cuts) if nseg else []:
             b = int(seg.block[ss[0]])
             lo, hi = int(seg.block_start[b]), int(seg.block_start[b + 1])
-            f = r_ok[lo:hi] & ~s_bad[ss, None] & (r_pd[lo:hi] <= s_cap[ss, None])
+            f = (
+                r_ok[lo:hi]
+                & ~s_bad[ss, None]
+                & (r_pd[lo:hi] <= s_cap[ss, None])
+                & host_fits(r_host[lo:hi], s_on_node[ss, None], s_host_cap[ss, None])
+            )
             tw = r_twin[lo:hi]
             has = tw >= 0
             d = f & s_fast[ss, None] & has & f[:, np.where(has, tw - lo, 0)]
@@ -1391,6 +1407,7 @@ class BulkEvaluator:
                     values["weights_bytes"],
                     values["gradients_bytes"],
                     values["optimizer_bytes"],
+                    values["host_bytes"],
                     act,
                     self._s_trainable[cz, k],
                     self._s_params[cz, k],
@@ -1398,7 +1415,16 @@ class BulkEvaluator:
             )
         last_worse = stage_vals[1][0] > stage_vals[0][0]
         pick = [np.where(last_worse, b, a) for a, b in zip(stage_vals[0], stage_vals[1], strict=True)]
-        names = ("per_device", "weights", "gradients", "optimizer", "activations", "trainable", "params_dev")
+        names = (
+            "per_device",
+            "weights",
+            "gradients",
+            "optimizer",
+            "host",
+            "activations",
+            "trainable",
+            "params_dev",
+        )
         out: dict[str, Any] = dict(zip(names, pick, strict=True))
         out["invalid"] = invalid
         out["m"] = m

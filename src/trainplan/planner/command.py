@@ -13,7 +13,13 @@ from typing import Any
 
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
-from trainplan.inputs import RECIPE_FIELDS, build_layout_options, build_recipe, fill_defaults
+from trainplan.inputs import (
+    RECIPE_FIELDS,
+    build_layout_options,
+    build_recipe,
+    fill_defaults,
+    host_memory_bytes,
+)
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.search import (
     Plan,
@@ -123,6 +129,7 @@ def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Acc
         provider=values["provider"],
         prices=_prices(values, accs),
         pue=values["pue"],
+        host_memory_bytes_per_node=host_memory_bytes(values),
     )
 
 
@@ -138,6 +145,7 @@ def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[
         provider=values["provider"],
         prices=_prices(values, accs),
         pue=values["pue"],
+        host_memory_bytes_per_node=host_memory_bytes(values),
     )
 
 

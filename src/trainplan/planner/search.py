@@ -462,6 +462,7 @@ class _Context:
     cand: Candidates
     res: BulkResult
     options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS
+    host_memory: float | None = None
 
 
 def _scalar(ctx: _Context, i: int) -> Estimate:
@@ -469,7 +470,7 @@ def _scalar(ctx: _Context, i: int) -> Estimate:
     a, n, dp, zero, c = ctx.cand.at(i)
     core = ctx.cores[c]
     return estimate(
-        System(accelerator=ctx.accs[a], num_devices=n),
+        System(accelerator=ctx.accs[a], num_devices=n, host_memory_bytes_per_node=ctx.host_memory),
         ctx.model,
         core.recipe(ctx.base),
         core.layout(dp, zero, ctx.options),
@@ -721,12 +722,15 @@ def plan(
     prices: Mapping[str, float] | None = None,
     pue: float = DEFAULT_PUE,
     with_per_accelerator: bool = False,
+    host_memory_bytes_per_node: float | None = None,
 ) -> PlanResult:
     """Search accelerators × device counts × layouts for ``model`` trained with ``recipe``.
 
     ``recipe`` carries the fixed choices (method, optimizer, sequence length, tokens, ...); the
     fields listed in ``space`` (micro-batch, recompute, offload, precision) are searched over the
     values given there. ``prices`` overrides the catalog price per accelerator name ($/device-hour).
+    ``host_memory_bytes_per_node`` overrides the catalog's server CPU memory, against which
+    offloaded states are checked (``memory.host_fits``).
     """
     t0 = time.perf_counter()
     space = space or SearchSpace()
@@ -762,7 +766,22 @@ def plan(
     pruned: dict[str, int] = {}
     skipped: dict[str, str] = {}
     cand = enumerate_candidates(cores, accs, space, pruned, skipped, base.global_batch)
-    ev = BulkEvaluator(model, base, cores, accs, acc_prices, pue=pue, options=space.layout_options)
+    ev = BulkEvaluator(
+        model,
+        base,
+        cores,
+        accs,
+        acc_prices,
+        pue=pue,
+        options=space.layout_options,
+        host_memory_bytes_per_node=host_memory_bytes_per_node,
+    )
+    unchecked = [a.name for a in accs if a.host_memory_bytes_per_node is None]
+    if host_memory_bytes_per_node is None and unchecked and any(o != "none" for o in space.offloads):
+        notes.append(
+            f"host memory unchecked on {', '.join(unchecked)} (no reference server in the catalog): "
+            "their offload plans assume the server holds the offloaded states; give --host-memory"
+        )
     notes.append(
         "not searched, applied to every candidate where it applies: overlap_grad_reduce, "
         "tp_comm_overlap, pp_comm_overlap, zero3_granularity, grad_accumulation "
@@ -784,6 +803,7 @@ def plan(
         cand=cand,
         res=res,
         options=space.layout_options,
+        host_memory=host_memory_bytes_per_node,
     )
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
     pruned[k_dom] = int(res.dominated.sum())
@@ -975,6 +995,7 @@ def compare(
     provider: str | None = None,
     prices: Mapping[str, float] | None = None,
     pue: float = DEFAULT_PUE,
+    host_memory_bytes_per_node: float | None = None,
 ) -> PlanResult:
     """The same job on each accelerator at its best layout and device count (``per_accelerator``)."""
     return plan(
@@ -988,4 +1009,5 @@ def compare(
         prices=prices,
         pue=pue,
         with_per_accelerator=True,
+        host_memory_bytes_per_node=host_memory_bytes_per_node,
     )

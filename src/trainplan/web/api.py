@@ -201,7 +201,11 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
     model = model_from_body(obj)
     acc = accelerator if accelerator is not None else _accelerator(obj.get("hardware"))
     return EstimateInputs(
-        system=System(accelerator=acc, num_devices=values["devices"]),
+        system=System(
+            accelerator=acc,
+            num_devices=values["devices"],
+            host_memory_bytes_per_node=inputs.host_memory_bytes(values),
+        ),
         model=model,
         recipe=inputs.build_recipe(values),
         layout=inputs.build_layout(values),
