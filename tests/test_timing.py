@@ -96,7 +96,10 @@ def test_run_cost_arithmetic() -> None:
     e = estimate(
         system, load_model("llama-3.1-8b"), recipe, Layout(dp=8, zero=3), price_usd_per_device_hour=2.0
     )
-    assert e.run.time_s == pytest.approx(1e10 / e.throughput.tokens_per_s)
+    assert e.run.compute_time_s == pytest.approx(1e10 / e.throughput.tokens_per_s)
+    g = e.run.goodput
+    assert g is not None and e.run.time_s == pytest.approx(g.compute_s + g.checkpoint_s + g.lost_s)
+    assert e.run.time_s > e.run.compute_time_s
     assert e.run.device_hours == pytest.approx(8 * e.run.time_s / 3600)
     assert e.run.cost_usd == pytest.approx(2.0 * e.run.device_hours)
     tdp = get_accelerator("h100-sxm").tdp_w

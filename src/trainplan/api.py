@@ -100,6 +100,7 @@ def _predict(
         price_usd_per_device_hour=values["price"],
         provider=values["provider"],
         pue=values["pue"],
+        reliability=inputs.build_reliability(values),
     )
 
 

@@ -105,6 +105,20 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
             )
             + (f", {run.energy_kwh:,.0f} kWh (PUE {run.pue})" if run.energy_kwh is not None else "")
         )
+        g = run.goodput
+        if g is not None:
+            lines.append(
+                f"  goodput {100 * g.compute_s / g.wall_s:.1f}%: steps {fmt_duration(float(g.compute_s))} + "
+                f"checkpoint writes {fmt_duration(float(g.checkpoint_s))} + redone work and restarts "
+                f"{fmt_duration(float(g.lost_s))}; {float(g.interruptions):.3g} expected interruption(s) "
+                f"(one per {fmt_duration(float(g.job_mtbf_s))}), a checkpoint every "
+                f"{fmt_duration(float(g.checkpoint_interval_s))} of steps ({fmt_duration(float(g.checkpoint_write_s))} "
+                f"each)"
+            )
+            if run.reliability is not None:
+                lines.append(
+                    f"  assumed: {run.reliability.describe()} (trainplan.goodput; --no-goodput for steps only)"
+                )
         if run.price_source:
             lines.append(f"  price: {run.price_source}")
     else:

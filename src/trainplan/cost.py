@@ -1,6 +1,8 @@
 """Run cost: time to train, device-hours, money and energy.
 
-    run.time_s        = tokens / tokens_per_s
+    run.compute_time_s = tokens / tokens_per_s
+    run.time_s        = compute_time_s + checkpoint_time_s + lost_time_s   (goodput.py: interruptions,
+                        checkpoint writes, redone work and restarts; = compute_time_s with --no-goodput)
     run.device_hours  = devices · time_s / 3600
     run.cost_usd      = device_hours · price ($ per device-hour), null when no price is known
     run.energy_kwh    = devices · P_avg · time_s / 3.6e6 · PUE
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from trainplan.errors import TrainplanError
+from trainplan.goodput import GoodputTerms, Reliability, goodput_terms
 from trainplan.hardware.accelerator import CloudOffering
 from trainplan.hardware.system import System
 from trainplan.num import Int, Num, as_float, where
@@ -49,11 +52,34 @@ class RunCost:
     energy_kwh: float | None
     average_power_w: float | None
     pue: float
+    goodput: GoodputTerms | None = None  # None: no tokens, or --no-goodput
+    checkpoint_bytes: float | None = None
+    reliability: Reliability | None = None
+
+    @property
+    def compute_time_s(self) -> float | None:
+        return None if self.goodput is None else float(self.goodput.compute_s)
 
     def to_dict(self) -> dict[str, object]:
+        g = self.goodput
         return {
             "tokens": self.tokens,
             "time_s": self.time_s,
+            "compute_time_s": self.time_s if g is None else float(g.compute_s),
+            "goodput": None
+            if g is None
+            else {
+                "fraction": float(g.compute_s / g.wall_s),
+                "compute_s": float(g.compute_s),
+                "checkpoint_s": float(g.checkpoint_s),
+                "lost_s": float(g.lost_s),
+                "interruptions": float(g.interruptions),
+                "job_mtbf_s": float(g.job_mtbf_s),
+                "checkpoint_interval_s": float(g.checkpoint_interval_s),
+                "checkpoint_write_s": float(g.checkpoint_write_s),
+                "checkpoint_bytes": self.checkpoint_bytes,
+                "assumptions": None if self.reliability is None else self.reliability.describe(),
+            },
             "device_hours": self.device_hours,
             "cost_usd": self.cost_usd,
             "usd_per_device_hour": self.usd_per_device_hour,
@@ -89,8 +115,11 @@ def run_cost(
     price_usd_per_device_hour: float | None = None,
     provider: str | None = None,
     pue: float = DEFAULT_PUE,
+    checkpoint_bytes: float = 0.0,
+    reliability: Reliability | None = None,
 ) -> RunCost:
-    """Time, device-hours, dollars and kWh to train ``tokens`` tokens (all null without tokens)."""
+    """Time, device-hours, dollars and kWh to train ``tokens`` tokens (all null without tokens);
+    with ``reliability``, the time includes the interruptions and checkpoints of goodput.py."""
     if pue < 1.0:
         raise TrainplanError("pue", f"PUE is at least 1.0 (facility power / IT power), got {pue}")
     if price_usd_per_device_hour is not None:
@@ -116,15 +145,20 @@ def run_cost(
             average_power_w=power,
             pue=pue,
         )
-    time_s, device_hours, cost, energy = run_totals(
+    time_s, device_hours, cost, energy, terms = run_totals(
         tokens,
         throughput.tokens_per_s,
         system.num_devices,
         price=price if price is not None else math.nan,
         power_w=power if power is not None else math.nan,
         pue=pue,
+        checkpoint_bytes=checkpoint_bytes,
+        reliability=reliability,
     )
     return RunCost(
+        goodput=terms,
+        checkpoint_bytes=checkpoint_bytes if reliability is not None else None,
+        reliability=reliability,
         tokens=tokens,
         time_s=float(time_s),
         device_hours=float(device_hours),
@@ -145,11 +179,24 @@ def average_power_w(tdp_w: Num, compute_s: Num, step_s: Num) -> Num:
 
 
 def run_totals(
-    tokens: Num, tokens_per_s: Num, devices: Int, *, price: Num, power_w: Num, pue: float
-) -> tuple[Num, Num, Num, Num]:
-    """(time_s, device_hours, cost_usd, energy_kwh) of training ``tokens`` (module docstring);
-    NaN prices or powers give NaN costs or energies."""
+    tokens: Num,
+    tokens_per_s: Num,
+    devices: Int,
+    *,
+    price: Num,
+    power_w: Num,
+    pue: float,
+    checkpoint_bytes: Num = 0.0,
+    reliability: Reliability | None = None,
+) -> tuple[Num, Num, Num, Num, GoodputTerms | None]:
+    """(time_s, device_hours, cost_usd, energy_kwh, goodput terms) of training ``tokens`` (module
+    docstring); NaN prices or powers give NaN costs or energies. The devices draw the average
+    power for the whole wall time (they stay allocated through checkpoints and restarts)."""
     time_s = tokens / tokens_per_s
+    terms = None
+    if reliability is not None:
+        terms = goodput_terms(time_s, devices, checkpoint_bytes, reliability)
+        time_s = terms.wall_s
     dev = as_float(devices)
     device_hours = dev * time_s / SECONDS_PER_HOUR
-    return time_s, device_hours, device_hours * price, dev * power_w * time_s / 3.6e6 * pue
+    return time_s, device_hours, device_hours * price, dev * power_w * time_s / 3.6e6 * pue, terms

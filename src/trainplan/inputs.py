@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
 from trainplan.export import TARGETS as EXPORT_TARGETS
+from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.layout import (
     DEFAULT_LAYOUT_OPTIONS,
     GRAD_ACCUMULATIONS,
@@ -505,6 +506,76 @@ COST_FIELDS: Final = (
     ),
 )
 
+# --- goodput (trainplan.goodput) --------------------------------------------------------------------
+GOODPUT_FIELDS: Final = (
+    Field(
+        name="device_mtbf",
+        group="cost",
+        type=float,
+        positive=True,
+        default=DEFAULT_RELIABILITY.device_mtbf_h,
+        metavar="HOURS",
+        help="device-hours between unexpected interruptions, per device "
+        "(default: Llama 3 405B's 419 in 54 days on 16,384 GPUs)",
+    ),
+    Field(
+        name="checkpoint_bandwidth",
+        group="cost",
+        type=float,
+        positive=True,
+        default=DEFAULT_RELIABILITY.checkpoint_bytes_per_s_per_device / 1e6,
+        metavar="MB/S",
+        help="checkpoint write bandwidth per device, MB/s (default: Llama 3's 2 TB/s for 16,384 GPUs)",
+    ),
+    Field(
+        name="restart_time",
+        group="cost",
+        type=float,
+        default=DEFAULT_RELIABILITY.restart_s / 60,
+        metavar="MIN",
+        help="minutes to re-schedule and initialise after an interruption, before reading the checkpoint",
+    ),
+    Field(
+        name="checkpoint_interval",
+        group="cost",
+        type=float,
+        positive=True,
+        metavar="MIN",
+        help="minutes of training between checkpoints (default: the Young/Daly optimum)",
+    ),
+    _switch(
+        "no_goodput",
+        "cost",
+        "time-to-train of the steps alone: no interruptions, checkpoints or restarts",
+    ),
+)
+
+
+def build_reliability(values: Mapping[str, Any]) -> Reliability | None:
+    """The :class:`~trainplan.goodput.Reliability` the goodput fields describe (``None``: --no-goodput)."""
+    if values.get("no_goodput", False):
+        given = [
+            f.name
+            for f in GOODPUT_FIELDS
+            if f.name != "no_goodput" and f.name in values and values[f.name] != f.default
+        ]
+        if given:
+            raise TrainplanError(
+                given[0], f"--{given[0].replace('_', '-')} has no effect with --no-goodput; drop one of them"
+            )
+        return None
+    interval = values.get("checkpoint_interval")
+    return Reliability(
+        device_mtbf_h=values.get("device_mtbf", DEFAULT_RELIABILITY.device_mtbf_h),
+        checkpoint_bytes_per_s_per_device=values.get(
+            "checkpoint_bandwidth", DEFAULT_RELIABILITY.checkpoint_bytes_per_s_per_device / 1e6
+        )
+        * 1e6,
+        restart_s=values.get("restart_time", DEFAULT_RELIABILITY.restart_s / 60) * 60.0,
+        checkpoint_interval_s=None if interval is None else interval * 60.0,
+    )
+
+
 # --- plan and compare -----------------------------------------------------------------------------
 PLAN_HARDWARE: Final = Field(
     name="hardware",
@@ -644,7 +715,7 @@ def open_for_search(fields: Iterable[Field]) -> tuple[Field, ...]:
     return tuple(dataclasses.replace(f, default=None) if f.searchable else f for f in fields)
 
 
-ESTIMATE_FIELDS: Final = (*SYSTEM_FIELDS, *LAYOUT_FIELDS, *RECIPE_FIELDS, *COST_FIELDS)
+ESTIMATE_FIELDS: Final = (*SYSTEM_FIELDS, *LAYOUT_FIELDS, *RECIPE_FIELDS, *COST_FIELDS, *GOODPUT_FIELDS)
 """The layout, recipe and cost fields of ``estimate`` (the keywords of :func:`trainplan.estimate`)."""
 PLAN_FIELDS: Final = (
     PLAN_HARDWARE,
@@ -656,6 +727,7 @@ PLAN_FIELDS: Final = (
     *open_for_search(RECIPE_FIELDS),
     *LAYOUT_OPTION_FIELDS,
     *COST_FIELDS,
+    *GOODPUT_FIELDS,
 )
 """Every field of ``plan`` but the model, in CLI order."""
 COMPARE_FIELDS: Final = (
@@ -667,6 +739,7 @@ COMPARE_FIELDS: Final = (
     *open_for_search(RECIPE_FIELDS),
     *LAYOUT_OPTION_FIELDS,
     *COST_FIELDS,
+    *GOODPUT_FIELDS,
 )
 """Every field of ``compare`` but the model, in CLI order."""
 COMMANDS: Final[dict[str, tuple[Field, ...]]] = {

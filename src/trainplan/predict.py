@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from trainplan.cost import DEFAULT_PUE, RunCost, run_cost
 from trainplan.errors import RecipeError, TrainplanError
+from trainplan.goodput import DEFAULT_RELIABILITY, Reliability, checkpoint_bytes
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.memory import MemoryBreakdown, memory_breakdown
@@ -170,8 +171,12 @@ def estimate(
     price_usd_per_device_hour: float | None = None,
     provider: str | None = None,
     pue: float = DEFAULT_PUE,
+    reliability: Reliability | None = DEFAULT_RELIABILITY,
 ) -> Estimate:
-    """Predict memory, step time, throughput and run cost of one training configuration."""
+    """Predict memory, step time, throughput and run cost of one training configuration.
+
+    ``reliability``: interruptions and checkpoints of a long run (goodput.py); ``None`` leaves
+    them out (the run's time is its steps alone)."""
     if layout.num_devices != system.num_devices:
         raise TrainplanError(
             "devices",
@@ -209,6 +214,8 @@ def estimate(
         price_usd_per_device_hour=price_usd_per_device_hour,
         provider=provider,
         pue=pue,
+        checkpoint_bytes=float(checkpoint_bytes(summary.trainable_params, recipe)),
+        reliability=reliability,
     )
     return Estimate(
         system=system,

@@ -77,6 +77,7 @@ from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, get_efficiency
 from trainplan.errors import TrainplanError
 from trainplan.flops import device_flops, optimizer_update_bytes, step_flops
+from trainplan.goodput import DEFAULT_RELIABILITY, Reliability, checkpoint_bytes
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
 from trainplan.layout import (
@@ -101,6 +102,7 @@ from trainplan.memory import (
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
+from trainplan.predict import trainable_params
 from trainplan.recipe import (
     RECOMPUTES,
     Offload,
@@ -705,6 +707,7 @@ class BulkEvaluator:
         pue: float,
         options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS,
         host_memory_bytes_per_node: float | None = None,
+        reliability: Reliability | None = DEFAULT_RELIABILITY,
     ) -> None:
         if base.global_batch is None:
             raise TrainplanError("global_batch", "the planner needs a fixed global batch")
@@ -715,6 +718,7 @@ class BulkEvaluator:
         self.prices = prices
         self.pue = pue
         self.options = options
+        self.reliability = reliability
         self._layout_cache: dict[tuple[object, ...], Layout] = {}
         # the stage store: 10 figures per distinct stage (see _stage_rows), its layers and kinds
         self._stage_work: list[float] = []
@@ -984,6 +988,10 @@ class BulkEvaluator:
         self._c_e = np.array([float(BYTES_PER_ELEMENT[r.weight_dtype]) for r in r_recipes])[r_of_core]
         self._c_fp32_main = np.array([fp32_main_grad(r.weight_dtype) for r in r_recipes])[r_of_core]
         self._c_update = np.array([optimizer_update_bytes(1.0, r) for r in r_recipes])[r_of_core]
+        # What a resumable checkpoint holds (goodput.checkpoint_bytes; predict.estimate's figure).
+        self._c_ckpt = np.array(
+            [checkpoint_bytes(trainable_params(model, r, Layout()), r) for r in r_recipes], dtype=np.float64
+        )[r_of_core]
         # Trainable (PEFT: adapters over all stages, tp = 1 as step_time counts them) per pp.
         if self.base.is_peft:
             pps = np.unique(tab[:, 1])
@@ -1729,13 +1737,15 @@ class BulkEvaluator:
         mfu = flops_utilisation(self._c_model_flops[core], devices, col("peak"), step_s)
         tokens = self.base.tokens
         power = average_power_w(col("tdp"), terms["compute_s"], step_s)
-        time_s, device_hours, cost, energy = run_totals(
+        time_s, device_hours, cost, energy, _ = run_totals(
             np.nan if tokens is None else tokens,
             tps,
             devices,
             price=col("price"),
             power_w=power,
             pue=self.pue,
+            checkpoint_bytes=self._c_ckpt[core],
+            reliability=self.reliability,
         )
         out = {name: np.broadcast_to(np.asarray(v, dtype=np.float64), (n,)) for name, v in terms.items()}
         run = {

@@ -17,6 +17,7 @@ from trainplan.inputs import (
     RECIPE_FIELDS,
     build_layout_options,
     build_recipe,
+    build_reliability,
     fill_defaults,
     host_memory_bytes,
 )
@@ -130,6 +131,7 @@ def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Acc
         prices=_prices(values, accs),
         pue=values["pue"],
         host_memory_bytes_per_node=host_memory_bytes(values),
+        reliability=build_reliability(values),
     )
 
 
@@ -146,6 +148,7 @@ def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[
         prices=_prices(values, accs),
         pue=values["pue"],
         host_memory_bytes_per_node=host_memory_bytes(values),
+        reliability=build_reliability(values),
     )
 
 

@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
+from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
 from trainplan.inputs import DEFAULT_MAX_DEVICES, OBJECTIVES
@@ -463,6 +464,7 @@ class _Context:
     res: BulkResult
     options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS
     host_memory: float | None = None
+    reliability: Reliability | None = DEFAULT_RELIABILITY
 
 
 def _scalar(ctx: _Context, i: int) -> Estimate:
@@ -477,6 +479,7 @@ def _scalar(ctx: _Context, i: int) -> Estimate:
         price_usd_per_device_hour=ctx.prices[a],
         provider=None,
         pue=ctx.pue,
+        reliability=ctx.reliability,
     )
 
 
@@ -723,6 +726,7 @@ def plan(
     pue: float = DEFAULT_PUE,
     with_per_accelerator: bool = False,
     host_memory_bytes_per_node: float | None = None,
+    reliability: Reliability | None = DEFAULT_RELIABILITY,
 ) -> PlanResult:
     """Search accelerators × device counts × layouts for ``model`` trained with ``recipe``.
 
@@ -775,6 +779,7 @@ def plan(
         pue=pue,
         options=space.layout_options,
         host_memory_bytes_per_node=host_memory_bytes_per_node,
+        reliability=reliability,
     )
     unchecked = [a.name for a in accs if a.host_memory_bytes_per_node is None]
     if host_memory_bytes_per_node is None and unchecked and any(o != "none" for o in space.offloads):
@@ -804,6 +809,7 @@ def plan(
         res=res,
         options=space.layout_options,
         host_memory=host_memory_bytes_per_node,
+        reliability=reliability,
     )
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
     pruned[k_dom] = int(res.dominated.sum())
@@ -996,6 +1002,7 @@ def compare(
     prices: Mapping[str, float] | None = None,
     pue: float = DEFAULT_PUE,
     host_memory_bytes_per_node: float | None = None,
+    reliability: Reliability | None = DEFAULT_RELIABILITY,
 ) -> PlanResult:
     """The same job on each accelerator at its best layout and device count (``per_accelerator``)."""
     return plan(
@@ -1010,4 +1017,5 @@ def compare(
         pue=pue,
         with_per_accelerator=True,
         host_memory_bytes_per_node=host_memory_bytes_per_node,
+        reliability=reliability,
     )

@@ -190,6 +190,7 @@ class EstimateInputs:
     price: float | None
     provider: str | None
     pue: float
+    reliability: Any = None
 
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
@@ -212,6 +213,7 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
         price=values["price"],
         provider=values["provider"],
         pue=values["pue"],
+        reliability=inputs.build_reliability(values),
     )
 
 
@@ -226,6 +228,7 @@ def _run_estimate(inp: EstimateInputs) -> Any:
         price_usd_per_device_hour=inp.price,
         provider=inp.provider,
         pue=inp.pue,
+        reliability=inp.reliability,
     )
 
 
