@@ -184,6 +184,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
             fh.write(render_markdown(results))
+    if args.bands:
+        from trainplan.validate.bands import render_bands_text, write_table
+
+        target = write_table()
+        print()
+        print(render_bands_text())
+        sys.stderr.write(f"trainplan: wrote the band table to {target}\n")
     return 0 if all(r.passed for r in results) else 1
 
 
@@ -292,6 +299,11 @@ def _add_validate(sub: Any) -> None:
     p.add_argument("--dataset", action="append", default=[], help="only this dataset (repeatable)")
     p.add_argument("--rows", action="store_true", help="print every row's error")
     p.add_argument("--markdown", metavar="FILE", help="also write the markdown report (docs/validation.md)")
+    p.add_argument(
+        "--bands",
+        action="store_true",
+        help="derive the prediction bands from the validation rows and store them in the package",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
 
