@@ -48,11 +48,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.layout import Layout
@@ -330,7 +330,22 @@ class Band:
             "calibrated": self.calibrated,
             "low": self.low,
             "high": self.high,
+            "quantity": self.quantity,
+            "family": self.family,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Band:
+        """The band back from :meth:`to_dict` (the JSON ``calibration`` object)."""
+        return cls(
+            quantity=str(d["quantity"]),
+            class_name=str(d["class"]),
+            family=str(d["family"]),
+            rows=int(d["rows"]),
+            calibrated=bool(d["calibrated"]),
+            low=float(d["low"]),
+            high=float(d["high"]),
+        )
 
 
 def _pct(x: float) -> str:
