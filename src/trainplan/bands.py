@@ -74,7 +74,12 @@ FAMILY_BY_VENDOR: Final[dict[str, str]] = {
 }
 CALIBRATED_NVIDIA_GENERATIONS: Final = ("ampere", "hopper", "blackwell")
 """Generations with a fitted κ (hardware/data/calibration.toml)."""
-METHOD_CLASS: Final[dict[str, str]] = {"pretrain": "pre-train", "full": "full", "lora": "lora", "qlora": "lora"}
+METHOD_CLASS: Final[dict[str, str]] = {
+    "pretrain": "pre-train",
+    "full": "full",
+    "lora": "lora",
+    "qlora": "lora",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,7 +203,9 @@ def log_band(
     return lo - shift, hi + shift
 
 
-def uncalibrated_band(class_bands: Sequence[tuple[float, float]], biases: Sequence[float]) -> tuple[float, float]:
+def uncalibrated_band(
+    class_bands: Sequence[tuple[float, float]], biases: Sequence[float]
+) -> tuple[float, float]:
     """Band (log space) of a family without rows: the envelope of every calibrated class band,
     widened on each side by the range of the per-dataset mean residuals (how far one calibrated
     dataset's bias is from another's — the least a family nobody measured can be off by)."""
@@ -277,7 +284,13 @@ class BandTable:
                 )
         lo, hi = self.uncalibrated[quantity]
         return Band(
-            quantity=quantity, class_name=key.name, family=key.family, rows=0, calibrated=False, low=lo, high=hi
+            quantity=quantity,
+            class_name=key.name,
+            family=key.family,
+            rows=0,
+            calibrated=False,
+            low=lo,
+            high=hi,
         )
 
 

@@ -59,9 +59,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         if value:
             share = 100.0 * value / mem.capacity_bytes
             lines.append(f"  {name:34s}{_fmt_size(value, binary)}  {share:5.1f}% of capacity")
-    lines.append(
-        f"  {'total':34s}{_fmt_size(mem.per_device_bytes, binary)}  {est.memory_band.label()}"
-    )
+    lines.append(f"  {'total':34s}{_fmt_size(mem.per_device_bytes, binary)}  {est.memory_band.label()}")
     lines.append(f"  {'capacity':34s}{_fmt_size(mem.capacity_bytes, binary)}")
     if mem.host_bytes:
         lines.append(f"  {'offloaded to host memory':34s}{_fmt_size(mem.host_bytes, binary)}")

@@ -291,7 +291,9 @@ def ranking_statements(plans: Sequence[Plan], objective: Objective) -> tuple[str
             else f" ({_fmt_objective(a[0], unit)} … {_fmt_objective(a[1], unit)} vs "
             f"{_fmt_objective(b[0], unit)} … {_fmt_objective(b[1], unit)})"
         )
-        out.append(f"#{above.rank} {above.label} and #{p.rank} {p.label} tie within error: their {what} bands overlap{spans}")
+        out.append(
+            f"#{above.rank} {above.label} and #{p.rank} {p.label} tie within error: their {what} bands overlap{spans}"
+        )
     cal = sorted({p.estimate.system.accelerator.name for p in ordered if p.estimate.step_band.calibrated})
     unc = sorted({p.estimate.system.accelerator.name for p in ordered if not p.estimate.step_band.calibrated})
     if cal and unc:

@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from trainplan.bands import (
+    MIN_ROWS,
     QUANTITIES,
     BandTable,
     ClassBand,
@@ -33,7 +34,6 @@ from trainplan.bands import (
     dataset_shift,
     log_band,
     uncalibrated_band,
-    MIN_ROWS,
 )
 from trainplan.errors import TrainplanError
 from trainplan.hardware import get_accelerator, list_accelerators
@@ -223,7 +223,7 @@ def held_out_coverage(rs: Sequence[Residual] | None = None) -> list[Coverage]:
             t = derive(rest)
             inside = unc = 0
             for r in held:
-                band = t.lookup(q, r.key)  # type: ignore[arg-type]
+                band = t.lookup(q, r.key)
                 unc += not band.calibrated
                 inside += math.log1p(band.low) <= r.log_residual <= math.log1p(band.high)
             out.append(Coverage(quantity=q, dataset=d, rows=len(held), inside=inside, uncalibrated=unc))
@@ -251,8 +251,8 @@ def render_bands_text(t: BandTable | None = None, cov: Sequence[Coverage] | None
         lines.append(f"{q:12s} {'uncalibrated':36s} {'—':>5s} {_pct(lo):>8s} {_pct(hi):>8s}")
     lines.append("")
     lines.append("held-out coverage (bands derived without the dataset, scored on it):")
-    for c in cov:
-        lines.append(f"{c.quantity:12s} {c.dataset:28s} {c.inside:4d}/{c.rows:<4d} {100 * c.fraction:5.1f}%")
+    for h in cov:
+        lines.append(f"{h.quantity:12s} {h.dataset:28s} {h.inside:4d}/{h.rows:<4d} {100 * h.fraction:5.1f}%")
     for q in QUANTITIES:
         lines.append(f"{q:12s} {'all held-out rows':28s} {100 * total_coverage(cov, q):5.1f}%")
     return "\n".join(lines)
@@ -289,11 +289,11 @@ def render_bands_markdown(t: BandTable | None = None, cov: Sequence[Coverage] | 
         "| quantity | held-out dataset | rows | inside | coverage | rows scored as uncalibrated |",
         "|---|---|---|---|---|---|",
     ]
-    for c in cov:
+    for h in cov:
         out.append(
-            f"| {c.quantity} | {c.dataset} | {c.rows} | {c.inside} | {100 * c.fraction:.1f}% | {c.uncalibrated} |"
+            f"| {h.quantity} | {h.dataset} | {h.rows} | {h.inside} | {100 * h.fraction:.1f}% | {h.uncalibrated} |"
         )
     for q in QUANTITIES:
-        n = sum(c.rows for c in cov if c.quantity == q)
+        n = sum(h.rows for h in cov if h.quantity == q)
         out.append(f"| {q} | **all** | {n} | | **{100 * total_coverage(cov, q):.1f}%** | |")
     return "\n".join(out) + "\n"

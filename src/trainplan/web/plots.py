@@ -255,7 +255,9 @@ def _plan_figure(data: Any) -> Any:
     if fpts:
         ax.plot([q[0] for q, _ in fpts], [q[1] for q, _ in fpts], "-o", color="#1f5fbf", label="Pareto front")
         for q, p in fpts:
-            ax.annotate(_tag(str(p.get("label", "")), p), q, textcoords="offset points", xytext=(6, 6), fontsize=8)
+            ax.annotate(
+                _tag(str(p.get("label", "")), p), q, textcoords="offset points", xytext=(6, 6), fontsize=8
+            )
     if not pts and not fpts:
         ax.text(0.5, 0.5, "no priced plan to plot", ha="center", va="center", transform=ax.transAxes)
     else:
