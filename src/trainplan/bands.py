@@ -50,13 +50,14 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any, Final, Literal
 
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.layout import Layout
 from trainplan.recipe import Recipe
+from trainplan.timing import GENERATION
 
 Quantity = Literal["step_s", "memory_bytes"]
 QUANTITIES: Final[tuple[Quantity, ...]] = ("step_s", "memory_bytes")
@@ -121,8 +122,6 @@ class ClassKey:
 
 def accelerator_family(acc: Accelerator) -> str:
     """The band family of a catalog entry (module docstring)."""
-    from trainplan.timing import GENERATION
-
     if acc.vendor == "NVIDIA":
         gen = GENERATION.get(acc.name)
         if gen == "ada" or acc.name.startswith("rtx"):
@@ -267,9 +266,13 @@ class BandTable:
         unc = {q: (float(v[0]), float(v[1])) for q, v in doc["uncalibrated"].items()}
         return cls(classes=classes, uncalibrated=unc)
 
+    @cached_property
+    def _by_name(self) -> dict[str, dict[str, ClassBand]]:
+        return {q: {c.name: c for c in self.classes if c.quantity == q} for q in QUANTITIES}
+
     def lookup(self, quantity: Quantity, key: ClassKey) -> Band:
         """The band of the first class in the fallback order with rows; else uncalibrated."""
-        by_name = {c.name: c for c in self.classes if c.quantity == quantity}
+        by_name = self._by_name[quantity]
         for k in key.fallbacks():
             c = by_name.get(k.name)
             if c is not None:
