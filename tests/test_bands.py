@@ -43,7 +43,9 @@ def test_held_out_coverage_is_at_least_the_printed_level(residuals: list[vbands.
     for q in ("step_s", "memory_bytes"):
         rows = sum(c.rows for c in cov if c.quantity == q)
         assert rows >= 20, q
-        assert vbands.total_coverage(cov, q) >= 1.0 - ALPHA, (q, [(c.dataset, c.inside, c.rows) for c in cov])
+        detail = (q, [(c.dataset, c.inside, c.rows) for c in cov])
+        assert vbands.total_coverage(cov, q) >= 1.0 - ALPHA, detail
+        assert vbands.dataset_mean_coverage(cov, q) >= 1.0 - ALPHA, detail
 
 
 def test_bands_use_validation_rows_only(residuals: list[vbands.Residual]) -> None:

@@ -233,11 +233,10 @@ def _plan_figure(data: Any) -> Any:
     others = [(xy(p), p) for p in plans if key(p) not in front_keys]
     pts = [(q, p) for q, p in others if q is not None]
     for q, p in [(xy(p), p) for p in plans + front]:
-        if q is not None:
+        if q is not None:  # time and cost both scale with step time: the band is a segment along both
             b = _bands(p)[0]
-            ax.errorbar(
-                q[0], q[1], xerr=_span(b, q[0]), yerr=_span(b, q[1]), color="#c8cdd4", linewidth=0.8, zorder=1
-            )
+            (x0, x1), (y0, y1) = b.around(q[0]), b.around(q[1])
+            ax.plot([x0, x1], [y0, y1], color="#c8cdd4", linewidth=2.5, solid_capstyle="round", zorder=1)
     if pts:
         ax.scatter(
             [q[0] for q, _ in pts], [q[1] for q, _ in pts], color="#9fb4d3", s=30, label="other ranked plans"
