@@ -195,6 +195,7 @@ def test_fit_verdict_three_cases() -> None:
 
 
 def test_fit_verdict_agrees_with_the_boolean() -> None:
+    seen: set[str] = set()
     for mb in (1, 4, 16, 64):
         d = api.estimate("llama-3.1-8b", hardware="h100-sxm", devices=8, zero=3, micro_batch=mb).to_dict()
         m = d["memory"]
@@ -202,9 +203,29 @@ def test_fit_verdict_agrees_with_the_boolean() -> None:
             assert m["fits"] and m["per_device_bytes_band"][1] <= m["capacity_bytes"]
         elif m["fit_verdict"] == "does not fit":
             assert not m["fits"] and m["per_device_bytes_band"][0] > m["capacity_bytes"]
+            seen.add("does not fit")
         else:
             lo, hi = m["per_device_bytes_band"]
             assert lo <= m["capacity_bytes"] < hi
+        seen.add(m["fit_verdict"])
+    assert len(seen) >= 2
+
+
+def test_offload_over_the_host_memory_does_not_fit_whatever_the_device_band() -> None:
+    est = api.estimate(
+        "llama-3.1-405b",
+        hardware="h100-sxm",
+        devices=8,
+        zero=3,
+        offload="optimizer+params",
+        method="full",
+        seq_len=1024,
+        global_batch=8,
+        recompute="full",
+    )
+    assert est.memory.host_fits is False and est.memory.device_fits
+    d = est.to_dict()["memory"]
+    assert d["fit_verdict"] == "does not fit" and d["fits"] is False
 
 
 def test_compare_labels_uncalibrated_and_says_so_in_words(capsys: pytest.CaptureFixture[str]) -> None:

@@ -133,7 +133,8 @@ def _verdict_text(est: Estimate) -> str:
     """``memory.fit_verdict`` with the band's ends against the capacity."""
     low, high = est.memory_band.around(est.memory.per_device_bytes)
     cap = est.memory.capacity_bytes
-    return f"{est.fit_verdict} ({100 * low / cap:.0f}% … {100 * high / cap:.0f}% of capacity)"
+    host = "; the offloaded states exceed the host memory" if est.memory.host_fits is False else ""
+    return f"{est.fit_verdict} ({100 * low / cap:.0f}% … {100 * high / cap:.0f}% of device capacity{host})"
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:

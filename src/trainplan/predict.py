@@ -74,6 +74,9 @@ class Estimate:
 
     @property
     def fit_verdict(self) -> FitVerdict:
+        """``bands.fit_verdict`` of device memory; offloaded states over the host memory do not fit."""
+        if self.memory.host_fits is False:
+            return "does not fit"
         return fit_verdict(self.memory.per_device_bytes, self.memory.capacity_bytes, self.memory_band)
 
     def calibration(self) -> dict[str, object]:
