@@ -342,3 +342,15 @@ def test_compare_and_plan_plots_tag_uncalibrated_rows() -> None:
     assert "8×mi300x (uncalibrated)" in text and "8×h100-sxm (uncalibrated)" not in text
     fig = plots._plan_figure(api.plan("llama-3.1-8b", hardware="h100-sxm,mi300x", devices="8", price=2.0))
     assert "(uncalibrated)" in " ".join(t.get_text() for t in fig.axes[0].texts)
+
+
+def test_plan_mixing_calibrated_and_uncalibrated_says_so() -> None:
+    result = api.plan("llama-3.1-8b", hardware="h100-sxm,mi300x", devices="8", price=2.0, top=4)
+    names = {p.estimate.system.accelerator.name for p in result.plans}
+    assert names == {"h100-sxm", "mi300x"}
+    assert any(
+        "mixes calibrated accelerators (h100-sxm) with uncalibrated ones (mi300x)" in s
+        for s in result.ranking
+    )
+    only = api.plan("llama-3.1-8b", hardware="h100-sxm", devices="8", price=2.0)
+    assert not any("uncalibrated" in s for s in only.ranking)
