@@ -59,7 +59,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         if value:
             share = 100.0 * value / mem.capacity_bytes
             lines.append(f"  {name:34s}{_fmt_size(value, binary)}  {share:5.1f}% of capacity")
-    lines.append(f"  {'total':34s}{_fmt_size(mem.per_device_bytes, binary)}")
+    lines.append(f"  {'total':34s}{_fmt_size(mem.per_device_bytes, binary)}  {est.memory_band.label()}")
     lines.append(f"  {'capacity':34s}{_fmt_size(mem.capacity_bytes, binary)}")
     if mem.host_bytes:
         lines.append(f"  {'offloaded to host memory':34s}{_fmt_size(mem.host_bytes, binary)}")
@@ -81,10 +81,11 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
     for name, value in t.terms():
         if value:
             lines.append(f"  {name:38s}{fmt_duration(value):>12s}  {100 * value / t.step_s:5.1f}%")
-    lines.append(f"  {'step':38s}{fmt_duration(t.step_s):>12s}")
+    lines.append(f"  {'step':38s}{fmt_duration(t.step_s):>12s}  {est.step_band.label()}")
     thr = est.throughput
     lines.append(
-        f"throughput: {thr.tokens_per_s:,.0f} tokens/s ({thr.tokens_per_s / est.system.num_devices:,.0f} per device), "
+        f"throughput: {thr.tokens_per_s:,.0f} tokens/s {est.step_band.label(inverse=True)} "
+        f"({thr.tokens_per_s / est.system.num_devices:,.0f} per device), "
         f"MFU {100 * thr.mfu:.1f}% (model FLOPs / dense {est.recipe.gemm_dtype} peak), HFU {100 * thr.hfu:.1f}%"
     )
     if t.kappa != 1.0:
@@ -104,6 +105,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
                 else ", cost unknown (no price: use --price)"
             )
             + (f", {run.energy_kwh:,.0f} kWh (PUE {run.pue})" if run.energy_kwh is not None else "")
+            + f"; time{' and cost' if run.cost_usd is not None else ''} {est.step_band.percent_text()}"
         )
         g = run.goodput
         if g is not None:
@@ -123,6 +125,11 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
             lines.append(f"  price: {run.price_source}")
     else:
         lines.append("run: give --tokens for time-to-train, device-hours, cost and energy")
+    if not est.step_band.calibrated or not est.memory_band.calibrated:
+        lines.append(
+            f"  uncalibrated: no validated runs of {est.step_band.family} accelerators; the bands are "
+            "the spread between the calibrated families (docs/validation.md)"
+        )
     lines.append("")
     if mem.fits:
         free = mem.capacity_bytes - mem.per_device_bytes
@@ -132,7 +139,16 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         )
     else:
         lines.append("DOES NOT FIT: " + "; ".join(mem.reasons()))
+    lines.append(f"  within the memory band: {_verdict_text(est)}")
     return "\n".join(lines)
+
+
+def _verdict_text(est: Estimate) -> str:
+    """``memory.fit_verdict`` with the band's ends against the capacity."""
+    low, high = est.memory_band.around(est.memory.per_device_bytes)
+    cap = est.memory.capacity_bytes
+    host = "; the offloaded states exceed the host memory" if est.memory.host_fits is False else ""
+    return f"{est.fit_verdict} ({100 * low / cap:.0f}% … {100 * high / cap:.0f}% of device capacity{host})"
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
@@ -198,6 +214,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
             fh.write(render_markdown(results))
+    if args.bands:
+        from trainplan.validate.bands import render_bands_text, write_table
+
+        target = write_table()
+        print()
+        print(render_bands_text())
+        sys.stderr.write(f"trainplan: wrote the band table to {target}\n")
     return 0 if all(r.passed for r in results) else 1
 
 
@@ -306,6 +329,11 @@ def _add_validate(sub: Any) -> None:
     p.add_argument("--dataset", action="append", default=[], help="only this dataset (repeatable)")
     p.add_argument("--rows", action="store_true", help="print every row's error")
     p.add_argument("--markdown", metavar="FILE", help="also write the markdown report (docs/validation.md)")
+    p.add_argument(
+        "--bands",
+        action="store_true",
+        help="derive the prediction bands from the validation rows and store them in the package",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_validate)
 

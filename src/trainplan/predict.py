@@ -11,12 +11,18 @@ stable JSON keys of the CLI (see docs/cli.md)::
     memory.gradients_bytes  memory.optimizer_bytes  memory.activations_bytes
     time.step_s  throughput.tokens_per_s  throughput.mfu
     run.time_s  run.device_hours  run.cost_usd
+
+and the prediction bands of :mod:`trainplan.bands` (``[low, high]``, absolute values)::
+
+    time.step_s_band  throughput.tokens_per_s_band  memory.per_device_bytes_band
+    memory.fit_verdict  run.time_s_band  run.cost_usd_band  calibration
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainplan.bands import Band, FitVerdict, fit_verdict, memory_band, step_band
 from trainplan.cost import DEFAULT_PUE, RunCost, run_cost
 from trainplan.errors import RecipeError, TrainplanError
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability, checkpoint_bytes
@@ -60,10 +66,32 @@ class Estimate:
     time: TimeBreakdown
     throughput: Throughput
     run: RunCost
+    step_band: Band  # of step time; also tokens/s (inverted), run time and cost
+    memory_band: Band  # of the peak memory per device
 
     @property
     def feasible(self) -> bool:
         return self.memory.fits
+
+    @property
+    def fit_verdict(self) -> FitVerdict:
+        """``bands.fit_verdict`` of device memory; offloaded states over the host memory do not fit."""
+        if self.memory.host_fits is False:
+            return "does not fit"
+        return fit_verdict(self.memory.per_device_bytes, self.memory.capacity_bytes, self.memory_band)
+
+    def calibration(self) -> dict[str, object]:
+        """``calibration``: the step-time class (``class``, ``rows``, ``calibrated``) and the memory class."""
+        return {**self.step_band.to_dict(), "memory": self.memory_band.to_dict()}
+
+    def _run_dict(self) -> dict[str, object]:
+        """``run`` with the step-time band carried to run time and cost (both scale with step time)."""
+        t, c = self.run.time_s, self.run.cost_usd
+        return {
+            **self.run.to_dict(),
+            "time_s_band": None if t is None else list(self.step_band.around(t)),
+            "cost_usd_band": None if c is None else list(self.step_band.around(c)),
+        }
 
     def reasons(self) -> list[str]:
         return self.memory.reasons()
@@ -78,13 +106,19 @@ class Estimate:
             "recipe": recipe_to_dict(self.recipe),
             "layout": layout_to_dict(self.layout),
             "num_microbatches": self.num_microbatches,
-            "memory": self.memory.to_dict(),
-            "time": self.time.to_dict(),
+            "memory": {
+                **self.memory.to_dict(),
+                "per_device_bytes_band": list(self.memory_band.around(self.memory.per_device_bytes)),
+                "fit_verdict": self.fit_verdict,
+            },
+            "time": {**self.time.to_dict(), "step_s_band": list(self.step_band.around(self.time.step_s))},
             "throughput": {
                 **self.throughput.to_dict(),
                 "tokens_per_s_per_device": self.throughput.tokens_per_s / self.system.num_devices,
+                "tokens_per_s_band": list(self.step_band.around_inverse(self.throughput.tokens_per_s)),
             },
-            "run": self.run.to_dict(),
+            "run": self._run_dict(),
+            "calibration": self.calibration(),
             "feasible": self.feasible,
             "reasons": self.reasons(),
         }
@@ -228,4 +262,6 @@ def estimate(
         time=time,
         throughput=thr,
         run=run,
+        step_band=step_band(system.accelerator, recipe, layout),
+        memory_band=memory_band(system.accelerator, recipe, layout),
     )

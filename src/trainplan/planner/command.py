@@ -162,6 +162,7 @@ def compare_to_dict(result: PlanResult) -> dict[str, object]:
         "hardware": [b.to_dict() for b in result.per_accelerator],
         "search": result.stats.to_dict(),
         "notes": list(result.notes),
+        "ranking": list(result.ranking),
     }
 
 
@@ -186,8 +187,16 @@ class Comparison:
 # --- human output -----------------------------------------------------------------------------
 _HEADER = (
     f"{'#':>2} {'hardware':16s} {'layout':34s} {'recipe':24s} {'mem/dev':>9s} {'step':>9s} "
-    f"{'tok/s':>10s} {'MFU':>5s} {'time':>10s} {'cost':>10s} {'kWh':>8s}"
+    f"{'step band':>17s} {'tok/s':>10s} {'MFU':>5s} {'time':>10s} {'cost':>10s} {'kWh':>8s}"
 )
+
+
+def band_cell(p: Plan) -> str:
+    """The step-time band of a row (time, tokens/s and cost carry the same): ``−25…+28%``,
+    ``uncal −46…+152%`` for an uncalibrated class."""
+    b = p.estimate.step_band
+    text = f"{b.percent_text().replace(' … ', '…').replace('%…', '…')}"
+    return text if b.calibrated else f"uncal {text}"
 
 
 def _row(p: Plan, tag: str = "") -> str:
@@ -203,16 +212,28 @@ def _row(p: Plan, tag: str = "") -> str:
     rank = tag or str(p.rank)
     return (
         f"{rank:>2} {p.label:16s} {e.layout.describe():34s} {recipe:24s} "
-        f"{fmt_bytes(e.memory.per_device_bytes):>9s} {fmt_duration(e.time.step_s):>9s} "
+        f"{fmt_bytes(e.memory.per_device_bytes):>9s} {fmt_duration(e.time.step_s):>9s} {band_cell(p):>17s} "
         f"{e.throughput.tokens_per_s:>10,.0f} {100 * e.throughput.mfu:>4.1f}% {time_s:>10s} {cost:>10s} {kwh:>8s}"
     )
 
 
 def _explain(p: Plan) -> list[str]:
-    lines = [f"  {p.label} — {p.estimate.layout.describe()}:"]
+    e = p.estimate
+    lines = [
+        f"  {p.label} — {e.layout.describe()}:",
+        f"    band: step {e.step_band.label()}; memory {e.memory_band.label()}; {e.fit_verdict}"
+        + ("; ties within error with the plan ranked above" if p.tie_within_error else ""),
+    ]
     lines += [f"    binds: {b}" for b in p.explanation.binds]
     lines += [f"    vs {a}" for a in p.explanation.alternatives]
     return lines
+
+
+def _ranking(result: PlanResult) -> list[str]:
+    """The ranking's statements (ties within error, calibrated vs uncalibrated), if any."""
+    if not result.ranking:
+        return []
+    return ["", "ranking:"] + [f"  {line}" for line in result.ranking]
 
 
 def _stats(result: PlanResult) -> list[str]:
@@ -259,6 +280,7 @@ def render_plan(result: PlanResult) -> str:
                     for p in result.pareto
                 )
             )
+        lines += _ranking(result)
         lines.append("")
         lines.append("why:")
         for p in result.plans:
@@ -286,6 +308,7 @@ def render_compare(result: PlanResult) -> str:
             lines.append(_row(b.plan, "-"))
         else:
             lines.append(f" - {b.hardware:16s} {b.reason}")
+    lines += _ranking(result)
     lines.append("")
     lines.append("why:")
     for b in result.per_accelerator:

@@ -18,6 +18,7 @@ Method (docs/plan.md):
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import time
@@ -137,6 +138,7 @@ class Plan:
     rank: int
     estimate: Estimate
     explanation: Explanation
+    tie_within_error: bool = False  # its objective band overlaps that of the plan ranked just above
 
     @property
     def label(self) -> str:
@@ -148,6 +150,7 @@ class Plan:
         d["label"] = self.label
         d["explanation"] = self.explanation.to_dict()
         d["priced"] = self.estimate.run.cost_usd is not None
+        d["tie_within_error"] = self.tie_within_error
         return d
 
 
@@ -211,6 +214,7 @@ class PlanResult:
     stats: SearchStats
     per_accelerator: tuple[AcceleratorBest, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ranking: tuple[str, ...] = ()  # what the bands allow the ranking to say (:func:`ranking_statements`)
 
     def to_dict(self) -> dict[str, object]:
         def one(p: Plan | None) -> object:
@@ -237,7 +241,74 @@ class PlanResult:
             "search": self.stats.to_dict(),
             "per_accelerator": [b.to_dict() for b in self.per_accelerator],
             "notes": list(self.notes),
+            "ranking": list(self.ranking),
         }
+
+
+# --- what the bands allow a ranking to say ------------------------------------------------------
+def objective_band(e: Estimate, objective: Objective) -> tuple[float, float] | None:
+    """[low, high] of a plan's objective value: run time (step time without --tokens), cost, or
+    their geometric mean; all scale with step time, so each takes the step-time band
+    (``bands.Band.around``). None for a cost objective without a price."""
+    t = e.run.time_s if e.run.time_s is not None else e.time.step_s
+    c = e.run.cost_usd
+    if objective == "cost":
+        return None if c is None else e.step_band.around(c)
+    if objective == "balanced" and c is not None:
+        return e.step_band.around(math.sqrt(t * c))
+    return e.step_band.around(t)
+
+
+def _fmt_objective(value: float, objective: Objective) -> str:
+    return _fmt_usd(value) if objective == "cost" else fmt_duration(value)
+
+
+def mark_ties(plans: Sequence[Plan], objective: Objective) -> tuple[Plan, ...]:
+    """Each plan flagged when its objective band overlaps that of the plan ranked just above."""
+    out: list[Plan] = []
+    prev: tuple[float, float] | None = None
+    for p in sorted(plans, key=lambda p: p.rank):
+        band = objective_band(p.estimate, objective)
+        tie = prev is not None and band is not None and band[0] <= prev[1] and prev[0] <= band[1]
+        out.append(replace(p, tie_within_error=tie))
+        prev = band
+    return tuple(out)
+
+
+def ranking_statements(plans: Sequence[Plan], objective: Objective) -> tuple[str, ...]:
+    """In words: which neighbouring ranks tie within error, and whether the ranking mixes
+    calibrated and uncalibrated accelerators. ``plans`` as :func:`mark_ties` returns them."""
+    ordered = sorted(plans, key=lambda p: p.rank)
+    out: list[str] = []
+    what = {"time": "time", "cost": "cost", "balanced": "time·cost"}[objective]
+    unit: Objective = "cost" if objective == "cost" else "time"
+    for above, p in itertools.pairwise(ordered):
+        a, b = objective_band(above.estimate, objective), objective_band(p.estimate, objective)
+        if not p.tie_within_error or a is None or b is None:
+            continue
+        spans = (
+            ""
+            if objective == "balanced"
+            else f" ({_fmt_objective(a[0], unit)} … {_fmt_objective(a[1], unit)} vs "
+            f"{_fmt_objective(b[0], unit)} … {_fmt_objective(b[1], unit)})"
+        )
+        out.append(
+            f"#{above.rank} {above.label} and #{p.rank} {p.label} tie within error: their {what} bands overlap{spans}"
+        )
+    cal = sorted({p.estimate.system.accelerator.name for p in ordered if p.estimate.step_band.calibrated})
+    unc = sorted({p.estimate.system.accelerator.name for p in ordered if not p.estimate.step_band.calibrated})
+    if cal and unc:
+        out.append(
+            f"this ranking mixes calibrated accelerators ({', '.join(cal)}) with uncalibrated ones "
+            f"({', '.join(unc)}): no validated run supports the uncalibrated figures, so where they "
+            "rank against the calibrated ones is not established"
+        )
+    elif unc and len(ordered) > 1:
+        out.append(
+            f"every accelerator in this ranking is uncalibrated ({', '.join(unc)}): no validated run "
+            "supports the order"
+        )
+    return tuple(out)
 
 
 # --- the search space -------------------------------------------------------------------------
@@ -902,7 +973,7 @@ def plan(
             closest_i = min(ranked_all, key=lambda i: (violation(i), ranked_all.index(i)))
     chosen = ok if met else []
     top_ids = chosen[:top]
-    plans = tuple(pl.plan(i, r + 1, ranked_all) for r, i in enumerate(top_ids))
+    plans = mark_ties([pl.plan(i, r + 1, ranked_all) for r, i in enumerate(top_ids)], objective)
     pool = chosen if met else []
     fastest = cheapest = None
     pareto: list[Plan] = []
@@ -931,6 +1002,7 @@ def plan(
             pareto = [pl.plan(i, ranked_all.index(i) + 1, ranked_all) for i in front]
     closest = None if closest_i is None else pl.plan(closest_i, ranked_all.index(closest_i) + 1, ranked_all)
     per_acc: list[AcceleratorBest] = []
+    ranking = ranking_statements(plans, objective)
     if with_per_accelerator:
         for a, acc in enumerate(accs):
             if acc.name in skipped:
@@ -954,6 +1026,11 @@ def plan(
                     reason=why or f"no valid layout up to {space.max_devices} devices",
                 )
             )
+    if with_per_accelerator:
+        best = mark_ties([b.plan for b in per_acc if b.plan is not None], objective)
+        by_rank = {p.rank: p for p in best}
+        per_acc = [b if b.plan is None else replace(b, plan=by_rank[b.plan.rank]) for b in per_acc]
+        ranking = ranking_statements(best, objective)
     if unpriced:
         notes.append(
             "no price for " + ", ".join(unpriced) + ": planned for time; cost shown as 'no price' "
@@ -988,6 +1065,7 @@ def plan(
         stats=stats,
         per_accelerator=tuple(per_acc),
         notes=tuple(notes),
+        ranking=ranking,
     )
 
 

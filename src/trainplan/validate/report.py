@@ -13,6 +13,7 @@ from trainplan.errors import TrainplanError
 from trainplan.layout import Layout
 from trainplan.memory import memory_breakdown
 from trainplan.models import load_model
+from trainplan.models.spec import ModelSpec
 from trainplan.recipe import RECOMPUTES, Recipe
 from trainplan.sharding import DeviceParams
 from trainplan.validate.datasets import REGISTRY, MemoryRow, memory_rows
@@ -41,34 +42,40 @@ def zero_model_states_bytes(row: MemoryRow) -> float:
     return st.weights + st.gradients + st.optimizer
 
 
+def memory_row_inputs(row: MemoryRow) -> tuple[ModelSpec, Recipe, Layout]:
+    """The model, recipe and layout of a per-layout memory row (torchtitan_memory)."""
+    if row.preset is None or row.seq_len is None or row.micro_batch is None:
+        raise TrainplanError("model", "row lacks a preset, sequence length or micro-batch")
+    model = load_model(row.preset)
+    recompute = row.recompute if row.recompute in RECOMPUTES else "none"
+    recipe = Recipe(
+        method=row.method if row.method in ("full", "lora", "qlora") else "pretrain",  # type: ignore[arg-type]
+        precision="bf16",
+        seq_len=row.seq_len,
+        micro_batch=row.micro_batch,
+        recompute=recompute,  # type: ignore[arg-type]
+    )
+    tp = row.tp or 1
+    # torchtitan (the only per-layout memory source here) always pairs TP with sequence
+    # parallelism on norms and the loss (torchtitan/parallelisms/parallelize_llama.py).
+    layout = Layout(
+        dp=row.dp or 1,
+        tp=tp,
+        pp=row.pp or 1,
+        cp=row.cp or 1,
+        zero=row.zero or 0,
+        sequence_parallel=tp > 1,
+    )
+    return model, recipe, layout
+
+
 def memory_row_result(row: MemoryRow) -> RowResult:
     base = {"name": row.name, "dataset": row.dataset, "split": row.split, "metric": row.quantity}
     try:
         if row.quantity == "model_states":
             predicted = zero_model_states_bytes(row)
         else:
-            if row.preset is None or row.seq_len is None or row.micro_batch is None:
-                raise TrainplanError("model", "row lacks a preset, sequence length or micro-batch")
-            model = load_model(row.preset)
-            recompute = row.recompute if row.recompute in RECOMPUTES else "none"
-            recipe = Recipe(
-                method=row.method if row.method in ("full", "lora", "qlora") else "pretrain",  # type: ignore[arg-type]
-                precision="bf16",
-                seq_len=row.seq_len,
-                micro_batch=row.micro_batch,
-                recompute=recompute,  # type: ignore[arg-type]
-            )
-            tp = row.tp or 1
-            # torchtitan (the only per-layout memory source here) always pairs TP with sequence
-            # parallelism on norms and the loss (torchtitan/parallelisms/parallelize_llama.py).
-            layout = Layout(
-                dp=row.dp or 1,
-                tp=tp,
-                pp=row.pp or 1,
-                cp=row.cp or 1,
-                zero=row.zero or 0,
-                sequence_parallel=tp > 1,
-            )
+            model, recipe, layout = memory_row_inputs(row)
             mem = memory_breakdown(model, recipe, layout)
             predicted = mem.per_device_bytes if row.quantity == "peak_reserved" else mem.peak_bytes
     except TrainplanError as err:
@@ -175,7 +182,9 @@ def render_markdown(results: list[DatasetResult]) -> str:
                     f"| {r.name} | {r.split} | {r.published:.4g} | {pred:.4g} | {100 * r.error:+.1f}% | "
                     f"{'; '.join(r.assumptions)} |"
                 )
-    return "\n".join(out) + "\n"
+    from trainplan.validate.bands import render_bands_markdown
+
+    return "\n".join(out) + "\n\n" + render_bands_markdown()
 
 
 __all__ = ["render_markdown", "render_text", "replace", "run_all"]

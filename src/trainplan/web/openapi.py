@@ -15,6 +15,29 @@ from trainplan.web import api
 ERROR = {"$ref": "#/components/schemas/Error"}
 
 
+_BAND_PROPERTIES: dict[str, Any] = {
+    "class": {"type": "string", "description": "validation class: family/stack/method/parallelism"},
+    "rows": {"type": "integer", "description": "validation rows behind the band (0: uncalibrated)"},
+    "calibrated": {"type": "boolean"},
+    "low": {"type": "number", "description": "true / predicted − 1 at the band's low end (5%)"},
+    "high": {"type": "number", "description": "true / predicted − 1 at the band's high end (95%)"},
+    "quantity": {"type": "string"},
+    "family": {"type": "string"},
+}
+_CALIBRATION: dict[str, Any] = {
+    "type": "object",
+    "description": "the step-time band's class (also that of tokens/s, run time and cost) and, under "
+    "memory, the peak-memory band's class (trainplan/bands.py); the absolute bands are "
+    "time.step_s_band, throughput.tokens_per_s_band, memory.per_device_bytes_band",
+    "properties": {**_BAND_PROPERTIES, "memory": {"type": "object", "properties": _BAND_PROPERTIES}},
+}
+_RANKING: dict[str, Any] = {
+    "type": "array",
+    "items": {"type": "string"},
+    "description": "what the bands allow the ranking to say: ties within error, calibrated vs uncalibrated",
+}
+
+
 def _flag_properties(fields: tuple[inputs.Field, ...]) -> dict[str, Any]:
     return {f.name: f.json_schema() for f in fields}
 
@@ -215,8 +238,18 @@ def openapi_document() -> dict[str, Any]:
                     "type": "object",
                     "description": "trainplan estimate --json (stable keys: model.params, memory.per_device_bytes, "
                     "time.step_s, throughput.tokens_per_s, run.cost_usd, ...) plus terms",
-                    "required": ["model", "memory", "time", "throughput", "run", "feasible", "terms"],
+                    "required": [
+                        "model",
+                        "memory",
+                        "time",
+                        "throughput",
+                        "run",
+                        "feasible",
+                        "terms",
+                        "calibration",
+                    ],
                     "properties": {
+                        "calibration": _CALIBRATION,
                         "terms": {
                             "type": "object",
                             "description": "named parts: memory at the peak (adds up to memory.per_device_bytes), "
@@ -252,7 +285,7 @@ def openapi_document() -> dict[str, Any]:
                                     },
                                 },
                             },
-                        }
+                        },
                     },
                 },
                 "Compare": {
@@ -279,6 +312,7 @@ def openapi_document() -> dict[str, Any]:
                         },
                         "search": {"type": "object"},
                         "notes": {"type": "array", "items": {"type": "string"}},
+                        "ranking": _RANKING,
                     },
                 },
                 "Plan": {
@@ -289,6 +323,7 @@ def openapi_document() -> dict[str, Any]:
                         "cheapest": {"type": ["object", "null"]},
                         "pareto": {"type": "array", "items": {"type": "object"}},
                         "plans": {"type": "array", "items": {"type": "object"}},
+                        "ranking": _RANKING,
                     },
                 },
             }

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from trainplan.bands import Band
 from trainplan.errors import TrainplanError
 
 KINDS: Final = ("estimate", "memory", "time", "plan", "compare")
@@ -82,6 +83,23 @@ def _fmt_duration(s: float) -> str:
     return fmt_duration(s)
 
 
+def _bands(e: Mapping[str, Any]) -> tuple[Band, Band]:
+    """(step-time band, memory band) of an estimate or plan dict (its ``calibration`` object)."""
+    cal = e["calibration"]
+    return Band.from_dict(cal), Band.from_dict(cal["memory"])
+
+
+def _tag(label: str, e: Mapping[str, Any] | None) -> str:
+    """A row label, with "(uncalibrated)" when its step-time class has no validated rows."""
+    return label if e is None or _bands(e)[0].calibrated else f"{label} (uncalibrated)"
+
+
+def _span(band: Band, value: float) -> list[list[float]]:
+    """Error-bar lengths ([[below], [above]]) of ``value`` for matplotlib's ``xerr`` / ``yerr``."""
+    low, high = band.around(value)
+    return [[value - low], [high - value]]
+
+
 def _memory_panel(ax: Any, est: Mapping[str, Any]) -> None:
     terms = est.get("terms", {}).get("memory")
     if terms is None:
@@ -113,12 +131,18 @@ def _memory_panel(ax: Any, est: Mapping[str, Any]) -> None:
         va="bottom",
         ha="right" if total < cap else "left",
     )
-    ax.set_xlim(0, max(cap, total) * 1.08)
+    band = _bands(est)[1]
+    ax.errorbar(total, 0, xerr=_span(band, total), color="#222222", capsize=6, linewidth=1.5)
+    ax.set_xlim(0, max(cap, band.around(total)[1]) * 1.08)
     ax.set_ylim(-0.45, 0.6)
     ax.set_yticks([])
-    ax.set_xlabel("GB per device (10^9 bytes)")
-    verdict = "fits" if mem["fits"] else "does not fit"
-    ax.set_title(f"Memory per device: {total:.2f} GB at the {mem['peak_phase']} — {verdict}", loc="left")
+    ax.set_xlabel("GB per device (10^9 bytes); bar: 90% band")
+    verdict = str(mem.get("fit_verdict") or ("fits" if mem["fits"] else "does not fit"))
+    ax.set_title(
+        f"Memory per device: {total:.2f} GB {band.label()} at the {mem['peak_phase']} — {verdict}",
+        loc="left",
+        fontsize=9,
+    )
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False, fontsize=8)
 
 
@@ -151,11 +175,13 @@ def _time_panel(ax: Any, est: Mapping[str, Any]) -> None:
             label=f"{term['name']} {_fmt_duration(value)} ({100 * value / step:.1f}%)",
         )
         left += value * scale
-    ax.set_xlim(0, step * scale * 1.05)
+    band = _bands(est)[0]
+    ax.errorbar(step * scale, 0, xerr=_span(band, step * scale), color="#222222", capsize=6, linewidth=1.5)
+    ax.set_xlim(0, band.around(step)[1] * scale * 1.05)
     ax.set_ylim(-0.45, 0.6)
     ax.set_yticks([])
-    ax.set_xlabel(f"step time ({unit})")
-    ax.set_title(f"Step time: {_fmt_duration(step)} (busiest device)", loc="left")
+    ax.set_xlabel(f"step time ({unit}); bar: 90% band")
+    ax.set_title(f"Step time: {_fmt_duration(step)} {band.label()} (busiest device)", loc="left", fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False, fontsize=8)
 
 
@@ -206,13 +232,18 @@ def _plan_figure(data: Any) -> Any:
     front_keys = {key(p) for p in front}
     others = [(xy(p), p) for p in plans if key(p) not in front_keys]
     pts = [(q, p) for q, p in others if q is not None]
+    for q, p in [(xy(p), p) for p in plans + front]:
+        if q is not None:  # time and cost both scale with step time: the band is a segment along both
+            b = _bands(p)[0]
+            (x0, x1), (y0, y1) = b.around(q[0]), b.around(q[1])
+            ax.plot([x0, x1], [y0, y1], color="#c8cdd4", linewidth=2.5, solid_capstyle="round", zorder=1)
     if pts:
         ax.scatter(
             [q[0] for q, _ in pts], [q[1] for q, _ in pts], color="#9fb4d3", s=30, label="other ranked plans"
         )
         for q, p in pts:
             ax.annotate(
-                str(p.get("label", "")),
+                _tag(str(p.get("label", "")), p),
                 q,
                 textcoords="offset points",
                 xytext=(5, 4),
@@ -223,7 +254,9 @@ def _plan_figure(data: Any) -> Any:
     if fpts:
         ax.plot([q[0] for q, _ in fpts], [q[1] for q, _ in fpts], "-o", color="#1f5fbf", label="Pareto front")
         for q, p in fpts:
-            ax.annotate(str(p.get("label", "")), q, textcoords="offset points", xytext=(6, 6), fontsize=8)
+            ax.annotate(
+                _tag(str(p.get("label", "")), p), q, textcoords="offset points", xytext=(6, 6), fontsize=8
+            )
     if not pts and not fpts:
         ax.text(0.5, 0.5, "no priced plan to plot", ha="center", va="center", transform=ax.transAxes)
     else:
@@ -244,7 +277,7 @@ def _plan_figure(data: Any) -> Any:
     ax.set_ylabel("cost of the run (USD)" if have_run else "cost per step (USD)")
     fastest = plan.get("fastest")
     cheapest = plan.get("cheapest")
-    title = f"Plans for {plan.get('model', '')}"
+    title = f"Plans for {plan.get('model', '')} (bars: 90% bands)"
     if fastest:
         title += f" — fastest {fastest.get('label')}"
     if cheapest:
@@ -283,19 +316,20 @@ def _compare_figure(data: Any) -> Any:
         raise TrainplanError("plot", "nothing to compare")
     fig = _figure(10.0, 1.2 + 0.42 * len(rows))
     axes = fig.subplots(1, 3, sharey=True)
-    labels = [r[0] for r in rows]
+    labels = [_tag(r[0], r[1]) for r in rows]
     ypos = list(range(len(rows)))
     have_run = any(e is not None and e["run"].get("cost_usd") is not None for _, e, _ in rows)
-    panels: tuple[tuple[str, Callable[[Mapping[str, Any]], float | None], str], ...] = (
-        ("step time (s)", lambda e: float(e["time"]["step_s"]), "#4e79a7"),
+    panels: tuple[tuple[str, Callable[[Mapping[str, Any]], float | None], str, int], ...] = (
+        ("step time (s)", lambda e: float(e["time"]["step_s"]), "#4e79a7", 0),
         (
             "memory per device / capacity (%)",
             lambda e: 100.0 * float(e["memory"]["per_device_bytes"]) / float(e["memory"]["capacity_bytes"]),
             "#59a14f",
+            1,
         ),
-        ("cost of the run (USD)" if have_run else "cost per step (USD)", _cost, "#f28e2b"),
+        ("cost of the run (USD)" if have_run else "cost per step (USD)", _cost, "#f28e2b", 0),
     )
-    for ax, (title, value, color) in zip(axes, panels, strict=True):
+    for ax, (title, value, color, which) in zip(axes, panels, strict=True):
         for y, (_, e, err) in zip(ypos, rows, strict=True):
             v = None if e is None else value(e)
             if v is None:
@@ -304,6 +338,9 @@ def _compare_figure(data: Any) -> Any:
             fits = bool(e is not None and e["memory"]["fits"])
             bar_color = color if fits or "memory" not in title else "#e15759"
             ax.barh(y, v, color=bar_color, alpha=1.0 if fits else 0.45, height=0.6)
+            band = _bands(e)[which] if e is not None else None
+            if band is not None:
+                ax.errorbar(v, y, xerr=_span(band, v), color="#222222", capsize=3, linewidth=1)
             ax.text(v, y, f" {v:,.0f}" if v >= 100 else f" {v:.3g}", va="center", fontsize=7)
         if "memory" in title:
             ax.axvline(100.0, color="#d03c3c", linestyle="--", linewidth=1.5)
@@ -312,7 +349,9 @@ def _compare_figure(data: Any) -> Any:
         ax.margins(x=0.25)
     axes[0].set_yticks(ypos, labels)
     axes[0].invert_yaxis()
-    fig.suptitle("Accelerators side by side (faded: does not fit)", fontsize=10, x=0.01, ha="left")
+    fig.suptitle(
+        "Accelerators side by side (faded: does not fit; bars: 90% bands)", fontsize=10, x=0.01, ha="left"
+    )
     return fig
 
 

@@ -53,6 +53,18 @@
     if (x >= 0.01) return `$${x.toFixed(2)}`;
     return `$${x.toPrecision(2)}`;
   }
+  // a band (the JSON ``calibration`` object): true / predicted − 1 in [low, high]
+  const signed = (x) => { const v = Math.round(100 * x); return v > 0 ? `+${v}%` : (v < 0 ? `−${-v}%` : "0%"); };
+  function bandText(b, inverse) {
+    const lo = inverse ? 1 / (1 + b.high) - 1 : b.low, hi = inverse ? 1 / (1 + b.low) - 1 : b.high;
+    const span = `${signed(lo)} … ${signed(hi)}`;
+    return b.calibrated ? `${span}, 90% of ${b.rows} validated ${b.class} runs` : `uncalibrated: ${span}`;
+  }
+  const tagged = (label, p) => (p.calibration.calibrated ? label : `${label} (uncalibrated)`);
+  function showRanking(list, lines) {
+    list.replaceChildren();
+    for (const line of lines || []) { const li = document.createElement("li"); li.textContent = line; list.appendChild(li); }
+  }
   function count(n) {
     for (const [u, s] of [["T", 1e12], ["B", 1e9], ["M", 1e6], ["K", 1e3]]) if (n >= s) return `${(n / s).toFixed(2)}${u}`;
     return String(n);
@@ -219,6 +231,15 @@
     $("fits").className = "v " + (m.fits ? "ok" : "over");
     $("fits-detail").textContent = m.fits ? `${gb(m.capacity_bytes - m.per_device_bytes)} free` : `over by ${gb(m.per_device_bytes - m.capacity_bytes)}`;
     $("step-time").textContent = duration(t.step_s);
+    const cal = d.calibration;
+    $("step-band").textContent = bandText(cal, false);
+    $("tokens-band").textContent = bandText(cal, true);
+    $("mem-band").textContent = bandText(cal.memory, false);
+    $("fit-verdict").textContent = `within the memory band: ${m.fit_verdict}`;
+    $("calibration").textContent = cal.calibrated && cal.memory.calibrated
+      ? `calibrated: step time from ${cal.rows} validated ${cal.class} runs, memory from ${cal.memory.rows} ${cal.memory.class} runs`
+      : `uncalibrated: no validated ${cal.family} runs; the bands are the spread between the calibrated families`;
+    $("calibration").classList.toggle("over", !cal.calibrated);
     $("microbatches").textContent = `${d.num_microbatches} micro-batch(es) per step`;
     $("tokens-s").textContent = `${int(thr.tokens_per_s)} tok/s`;
     $("mfu").textContent = `MFU ${pct(thr.mfu)}, ${int(thr.tokens_per_s_per_device)} per device`;
@@ -306,7 +327,7 @@
 
   function renderCompare(d) {
     const rows = d.hardware;
-    const labels = rows.map((r) => (r.plan ? r.plan.label : r.hardware));
+    const labels = rows.map((r) => (r.plan ? tagged(r.plan.label, r.plan) : r.hardware));
     const haveRun = d.tokens !== null;
     Charts.panels($("compare-chart"), labels, [
       { title: "step time", rows: rows.map((r) => r.plan
@@ -326,7 +347,7 @@
     const table = $("compare-table");
     table.replaceChildren();
     const head = table.createTHead().insertRow();
-    for (const h of ["system", "layout", "micro-batch · recompute · offload", "tokens/s", "MFU", haveRun ? "time" : "", ""]) {
+    for (const h of ["system", "layout", "micro-batch · recompute · offload", "tokens/s", "MFU", haveRun ? "time" : "", "step-time band", ""]) {
       const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
     }
     const tb = table.createTBody();
@@ -334,12 +355,13 @@
       const row = tb.insertRow();
       if (!r.plan) {
         row.insertCell().textContent = r.hardware;
-        const c = row.insertCell(); c.colSpan = 6; c.textContent = r.reason || "no plan";
+        const c = row.insertCell(); c.colSpan = 7; c.textContent = r.reason || "no plan";
         continue;
       }
       const p = r.plan;
       for (const c of [p.label, layoutText(p.layout), `${p.recipe.micro_batch} · ${p.recipe.recompute} · ${p.recipe.offload}`,
-        int(p.throughput.tokens_per_s), pct(p.throughput.mfu), haveRun ? duration(p.run.time_s) : ""]) row.insertCell().textContent = String(c);
+        int(p.throughput.tokens_per_s), pct(p.throughput.mfu), haveRun ? duration(p.run.time_s) : "",
+        bandText(p.calibration, false)]) row.insertCell().textContent = String(c);
       row.insertCell().appendChild(loadButton(p));
     }
     const ok = rows.filter((r) => r.plan);
@@ -353,6 +375,7 @@
       s.push("no accelerator fits");
     }
     $("compare-summary").textContent = s.join(" · ");
+    showRanking($("compare-ranking"), d.ranking);
     document.body.dataset.compare = "done";
   }
 
@@ -398,7 +421,7 @@
     const haveRun = d.tokens !== null;
     const cost = costOf;
     const points = [...byLabel.values()].map(({ p, front }) => ({
-      x: haveRun ? p.run.time_s / 3600 : p.time.step_s, y: cost(p), front, label: p.label,
+      x: haveRun ? p.run.time_s / 3600 : p.time.step_s, y: cost(p), front, label: tagged(p.label, p),
       cls: front ? "front-pt" : "",
       tag: (d.fastest && key(p) === key(d.fastest) ? "fastest " : "") + (d.cheapest && key(p) === key(d.cheapest) ? "cheapest " : "") + p.label,
       info: `${p.label}, ${layoutText(p.layout)}: ${haveRun ? duration(p.run.time_s) : duration(p.time.step_s) + "/step"}, ${cost(p) === null ? "no price" : usd(cost(p))}`,
@@ -415,7 +438,7 @@
     const table = $("plan-table");
     table.replaceChildren();
     const head = table.createTHead().insertRow();
-    for (const h of ["#", "system", "layout", "micro-batch · recompute · offload", "memory", "step", "tokens/s", "MFU", haveRun ? "time" : "", haveRun ? "cost" : "", ""]) {
+    for (const h of ["#", "system", "layout", "micro-batch · recompute · offload", "memory", "step", "tokens/s", "MFU", haveRun ? "time" : "", haveRun ? "cost" : "", "step-time band", ""]) {
       const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
     }
     const body = table.createTBody();
@@ -423,7 +446,8 @@
       const row = body.insertRow();
       const cells = [p.rank, p.label, layoutText(p.layout), `${p.recipe.micro_batch} · ${p.recipe.recompute} · ${p.recipe.offload}`,
         gb(p.memory.per_device_bytes), duration(p.time.step_s), int(p.throughput.tokens_per_s), pct(p.throughput.mfu),
-        haveRun ? duration(p.run.time_s) : "", haveRun ? (p.run.cost_usd === null ? "no price" : usd(p.run.cost_usd)) : ""];
+        haveRun ? duration(p.run.time_s) : "", haveRun ? (p.run.cost_usd === null ? "no price" : usd(p.run.cost_usd)) : "",
+        bandText(p.calibration, false) + (p.tie_within_error ? " · tie within error with the row above" : "")];
       for (const c of cells) row.insertCell().textContent = String(c);
       row.insertCell().appendChild(loadButton(p));
     }
@@ -432,6 +456,7 @@
     if (d.cheapest) s.push(`cheapest: ${d.cheapest.label}`);
     if (!d.constraints.met) s.push("constraints not met: " + d.constraints.failures.join("; "));
     $("plan-summary").textContent = s.join(" · ");
+    showRanking($("plan-ranking"), d.ranking);
     document.body.dataset.plan = "done";
   }
 

@@ -1,0 +1,394 @@
+"""Prediction bands: the 90% error range of each predicted number, from ``trainplan validate``.
+
+Every estimate falls in one **validation class**, the product of four named axes::
+
+    family       accelerator family of the catalog entry: nvidia (NVIDIA data-centre GPUs of a
+                 calibrated generation: Ampere, Hopper, Blackwell), consumer (Ada / RTX cards),
+                 amd, tpu, trainium, gaudi, cerebras; other NVIDIA generations are
+                 ``nvidia-<generation>`` (no calibrated κ, no validated rows)
+    stack        ``Recipe.stack``: megatron, pytorch
+    method       pre-train, full (full fine-tune), lora (LoRA and QLoRA)
+    parallelism  data (data parallel, ZeRO 0-2, one device), zero-3 (fully sharded, no model
+                 parallelism), model (tensor, pipeline or context parallel)
+
+The band table (``data/bands.json``) is generated from the validation rows by
+``trainplan validate --bands`` (:mod:`trainplan.validate.bands`); a test regenerates it and
+compares. An estimate takes the band of the first class in this fallback order that holds at
+least :data:`MIN_ROWS` validation rows of the quantity (``*`` = pooled over that axis)::
+
+    family/stack/method/parallelism → family/stack/method/* → family/*/method/*
+        → family/stack/*/* → family/*/*/*
+
+A family with no row at all is **uncalibrated**: its band is the table's ``uncalibrated`` band,
+derived in :func:`uncalibrated_band` from the calibrated classes and the spread between the
+calibrated datasets: wider than every calibrated band, never tight.
+
+Method (:func:`log_band`). Residuals are r = log(published / predicted), so the true value of
+a prediction p lies in [p·e^lo, p·e^hi]. For n residuals with mean m and standard deviation s::
+
+    conformal   lo = r_(⌊(n+1)·α/2⌋), hi = r_(⌈(n+1)·(1−α/2)⌉)   (split-conformal order statistics,
+                Vovk et al. 2005; Lei et al. 2018 Eq. 2), an index outside 1..n = ∓∞
+    normal      m ∓ t_{1−α/2, n−1} · s · √(1 + 1/n)              (the normal prediction interval
+                of a new observation, e.g. Hahn & Meeker 1991 Sec. 4.4)
+    shift       ± the standard deviation of the per-dataset mean residuals, of the class or of
+                every dataset of the quantity, the larger (a new run is a new dataset: its bias
+                is one more draw of the dataset biases, and a class of one dataset cannot show it)
+
+and the band is the union of the conformal and normal intervals, each end widened outward by
+the dataset shift. α = 0.1 (a 90% band). The held-out coverage of this rule (bands derived
+without a dataset, scored on it) is in docs/validation.md.
+
+Step time carries the band of the step-time class; tokens/s = tokens per step / step time takes
+the same band inverted; run time and cost scale with step time and carry its band. Peak memory
+carries the band of the memory class.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache, cached_property
+from importlib import resources
+from typing import Any, Final, Literal
+
+from trainplan.hardware.accelerator import Accelerator
+from trainplan.layout import Layout
+from trainplan.recipe import Recipe
+from trainplan.timing import GENERATION
+
+Quantity = Literal["step_s", "memory_bytes"]
+QUANTITIES: Final[tuple[Quantity, ...]] = ("step_s", "memory_bytes")
+ALPHA: Final = 0.1
+"""Miscoverage of a band: 90% of true values inside it."""
+MIN_ROWS: Final = 5
+"""Fewest validation rows for a class to carry its own band (fewer: the next class in the order)."""
+
+FAMILY_BY_VENDOR: Final[dict[str, str]] = {
+    "AMD": "amd",
+    "Google": "tpu",
+    "AWS": "trainium",
+    "Intel": "gaudi",
+    "Cerebras": "cerebras",
+}
+CALIBRATED_NVIDIA_GENERATIONS: Final = ("ampere", "hopper", "blackwell")
+"""Generations with a fitted κ (hardware/data/calibration.toml)."""
+METHOD_CLASS: Final[dict[str, str]] = {
+    "pretrain": "pre-train",
+    "full": "full",
+    "lora": "lora",
+    "qlora": "lora",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassKey:
+    """One validation class: accelerator family × stack × method × parallelism ("*" = any)."""
+
+    family: str
+    stack: str
+    method: str
+    parallelism: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}/{self.stack}/{self.method}/{self.parallelism}"
+
+    def fallbacks(self) -> tuple[ClassKey, ...]:
+        """This class, then the pooled classes in the documented fallback order."""
+        f, s, m = self.family, self.stack, self.method
+        return (
+            self,
+            ClassKey(family=f, stack=s, method=m, parallelism="*"),
+            ClassKey(family=f, stack="*", method=m, parallelism="*"),
+            ClassKey(family=f, stack=s, method="*", parallelism="*"),
+            ClassKey(family=f, stack="*", method="*", parallelism="*"),
+        )
+
+    def matches(self, other: ClassKey) -> bool:
+        """True when ``other`` (an exact class) falls in this (possibly pooled) class."""
+        return all(
+            mine in ("*", theirs)
+            for mine, theirs in (
+                (self.family, other.family),
+                (self.stack, other.stack),
+                (self.method, other.method),
+                (self.parallelism, other.parallelism),
+            )
+        )
+
+
+def accelerator_family(acc: Accelerator) -> str:
+    """The band family of a catalog entry (module docstring)."""
+    if acc.vendor == "NVIDIA":
+        gen = GENERATION.get(acc.name)
+        if gen == "ada" or acc.name.startswith("rtx"):
+            return "consumer"
+        if gen in CALIBRATED_NVIDIA_GENERATIONS:
+            return "nvidia"
+        return "nvidia-" + acc.family.lower().replace(" ", "-")
+    return FAMILY_BY_VENDOR.get(acc.vendor, acc.vendor.lower().replace(" ", "-"))
+
+
+def parallelism_kind(layout: Layout) -> str:
+    """data, zero-3 or model (module docstring)."""
+    if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
+        return "model"
+    return "zero-3" if layout.zero == 3 else "data"
+
+
+def classify(acc: Accelerator, recipe: Recipe, layout: Layout, *, stack: str | None = None) -> ClassKey:
+    """The exact validation class of one configuration (``stack`` overrides ``recipe.stack``)."""
+    return ClassKey(
+        family=accelerator_family(acc),
+        stack=stack or recipe.stack,
+        method=METHOD_CLASS.get(recipe.method, recipe.method),
+        parallelism=parallelism_kind(layout),
+    )
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student-t quantile by the Cornish-Fisher expansion (Abramowitz & Stegun 26.7.5), df ≥ 1."""
+    z = statistics.NormalDist().inv_cdf(p)
+    n = float(df)
+    g1 = (z**3 + z) / 4.0
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96.0
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384.0
+    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160.0
+    return z + g1 / n + g2 / n**2 + g3 / n**3 + g4 / n**4
+
+
+def conformal_interval(residuals: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
+    """Split-conformal order statistics (module docstring); ∓inf when n is too small for an end."""
+    r = sorted(residuals)
+    n = len(r)
+    k_lo = math.floor((n + 1) * alpha / 2.0)
+    k_hi = math.ceil((n + 1) * (1.0 - alpha / 2.0))
+    lo = r[k_lo - 1] if k_lo >= 1 else -math.inf
+    hi = r[k_hi - 1] if k_hi <= n else math.inf
+    return lo, hi
+
+
+def normal_interval(residuals: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
+    """Normal prediction interval of one new residual: m ∓ t·s·√(1+1/n) (module docstring)."""
+    n = len(residuals)
+    m = statistics.fmean(residuals)
+    s = statistics.stdev(residuals)
+    half = t_quantile(1.0 - alpha / 2.0, n - 1) * s * math.sqrt(1.0 + 1.0 / n)
+    return m - half, m + half
+
+
+def dataset_shift(residuals: Sequence[float], datasets: Sequence[str]) -> float:
+    """Standard deviation of the per-dataset mean residuals (0 with one dataset)."""
+    groups: dict[str, list[float]] = {}
+    for r, d in zip(residuals, datasets, strict=True):
+        groups.setdefault(d, []).append(r)
+    means = [statistics.fmean(g) for g in groups.values()]
+    return statistics.stdev(means) if len(means) > 1 else 0.0
+
+
+def log_band(
+    residuals: Sequence[float], datasets: Sequence[str], *, shift_floor: float = 0.0, alpha: float = ALPHA
+) -> tuple[float, float]:
+    """The band of a class in log space: union of conformal and normal, widened by the dataset
+    shift of the class or ``shift_floor`` (that of every dataset of the quantity), the larger."""
+    c_lo, c_hi = conformal_interval(residuals, alpha)
+    n_lo, n_hi = normal_interval(residuals, alpha)
+    lo = n_lo if math.isinf(c_lo) else min(c_lo, n_lo)
+    hi = n_hi if math.isinf(c_hi) else max(c_hi, n_hi)
+    shift = max(dataset_shift(residuals, datasets), shift_floor)
+    return lo - shift, hi + shift
+
+
+def uncalibrated_band(
+    class_bands: Sequence[tuple[float, float]], biases: Sequence[float]
+) -> tuple[float, float]:
+    """Band (log space) of a family without rows: the envelope of every calibrated class band,
+    widened on each side by the range of the per-dataset mean residuals (how far one calibrated
+    dataset's bias is from another's — the least a family nobody measured can be off by)."""
+    spread = max(biases) - min(biases)
+    return min(lo for lo, _ in class_bands) - spread, max(hi for _, hi in class_bands) + spread
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassBand:
+    """One row of the band table: a class, its row count and its band as relative errors."""
+
+    quantity: str
+    name: str
+    rows: int
+    datasets: tuple[str, ...]
+    low: float  # true / predicted − 1 at the low end
+    high: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "quantity": self.quantity,
+            "class": self.name,
+            "rows": self.rows,
+            "datasets": list(self.datasets),
+            "low": self.low,
+            "high": self.high,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class BandTable:
+    classes: tuple[ClassBand, ...]
+    uncalibrated: dict[str, tuple[float, float]]  # quantity -> (low, high) relative
+
+    def to_json(self) -> str:
+        doc = {
+            "generated_by": "trainplan validate --bands",
+            "coverage": 1.0 - ALPHA,
+            "min_rows": MIN_ROWS,
+            "classes": [c.to_dict() for c in self.classes],
+            "uncalibrated": {q: list(v) for q, v in self.uncalibrated.items()},
+        }
+        return json.dumps(doc, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> BandTable:
+        doc = json.loads(text)
+        classes = tuple(
+            ClassBand(
+                quantity=c["quantity"],
+                name=c["class"],
+                rows=c["rows"],
+                datasets=tuple(c["datasets"]),
+                low=c["low"],
+                high=c["high"],
+            )
+            for c in doc["classes"]
+        )
+        unc = {q: (float(v[0]), float(v[1])) for q, v in doc["uncalibrated"].items()}
+        return cls(classes=classes, uncalibrated=unc)
+
+    @cached_property
+    def _by_name(self) -> dict[str, dict[str, ClassBand]]:
+        return {q: {c.name: c for c in self.classes if c.quantity == q} for q in QUANTITIES}
+
+    def lookup(self, quantity: Quantity, key: ClassKey) -> Band:
+        """The band of the first class in the fallback order with rows; else uncalibrated."""
+        by_name = self._by_name[quantity]
+        for k in key.fallbacks():
+            c = by_name.get(k.name)
+            if c is not None:
+                return Band(
+                    quantity=quantity,
+                    class_name=c.name,
+                    family=key.family,
+                    rows=c.rows,
+                    calibrated=True,
+                    low=c.low,
+                    high=c.high,
+                )
+        lo, hi = self.uncalibrated[quantity]
+        return Band(
+            quantity=quantity,
+            class_name=key.name,
+            family=key.family,
+            rows=0,
+            calibrated=False,
+            low=lo,
+            high=hi,
+        )
+
+
+@cache
+def band_table() -> BandTable:
+    """The packaged band table (``data/bands.json``)."""
+    text = resources.files("trainplan").joinpath("data", "bands.json").read_text(encoding="utf-8")
+    return BandTable.from_json(text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Band:
+    """The 90% band of one predicted quantity: true / predicted − 1 lies in [low, high]."""
+
+    quantity: str
+    class_name: str
+    family: str
+    rows: int
+    calibrated: bool
+    low: float
+    high: float
+
+    def around(self, value: float) -> tuple[float, float]:
+        """[low, high] absolute bounds of a quantity proportional to this one (step time, memory, cost)."""
+        return value * (1.0 + self.low), value * (1.0 + self.high)
+
+    def around_inverse(self, value: float) -> tuple[float, float]:
+        """[low, high] of a quantity inversely proportional to this one (tokens/s from step time)."""
+        return value / (1.0 + self.high), value / (1.0 + self.low)
+
+    def percent_text(self) -> str:
+        """``−5% … +9%``."""
+        return f"{_pct(self.low)} … {_pct(self.high)}"
+
+    def inverse_percent_text(self) -> str:
+        return f"{_pct(1.0 / (1.0 + self.high) - 1.0)} … {_pct(1.0 / (1.0 + self.low) - 1.0)}"
+
+    def label(self, *, inverse: bool = False) -> str:
+        """``(−5% … +9%, 90% of 113 validated nvidia/pytorch/pre-train/zero-3 runs)`` or
+        ``(uncalibrated: −40% … +60%)``."""
+        pct = self.inverse_percent_text() if inverse else self.percent_text()
+        if not self.calibrated:
+            return f"(uncalibrated: {pct})"
+        return f"({pct}, {100 * (1 - ALPHA):.0f}% of {self.rows} validated {self.class_name} runs)"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "class": self.class_name,
+            "rows": self.rows,
+            "calibrated": self.calibrated,
+            "low": self.low,
+            "high": self.high,
+            "quantity": self.quantity,
+            "family": self.family,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Band:
+        """The band back from :meth:`to_dict` (the JSON ``calibration`` object)."""
+        return cls(
+            quantity=str(d["quantity"]),
+            class_name=str(d["class"]),
+            family=str(d["family"]),
+            rows=int(d["rows"]),
+            calibrated=bool(d["calibrated"]),
+            low=float(d["low"]),
+            high=float(d["high"]),
+        )
+
+
+def _pct(x: float) -> str:
+    v = round(100 * x)
+    return f"+{v}%" if v > 0 else (f"−{-v}%" if v < 0 else "0%")
+
+
+def step_band(acc: Accelerator, recipe: Recipe, layout: Layout) -> Band:
+    """The step-time band of a configuration (also that of tokens/s, run time and cost)."""
+    return band_table().lookup("step_s", classify(acc, recipe, layout))
+
+
+def memory_band(acc: Accelerator, recipe: Recipe, layout: Layout) -> Band:
+    """The peak-memory band of a configuration."""
+    return band_table().lookup("memory_bytes", classify(acc, recipe, layout))
+
+
+FitVerdict = Literal["fits", "fits only at the optimistic edge", "does not fit"]
+
+
+def fit_verdict(per_device_bytes: float, capacity_bytes: float, band: Band) -> FitVerdict:
+    """fits: even the band's high end fits; optimistic edge: the prediction does not fit but the
+    band's low end does, or the prediction fits and the high end does not; does not fit: even the
+    low end exceeds the capacity. ``memory.fits`` (the prediction itself) stays the boolean."""
+    low, high = band.around(per_device_bytes)
+    if high <= capacity_bytes:
+        return "fits"
+    if low <= capacity_bytes:
+        return "fits only at the optimistic edge"
+    return "does not fit"
