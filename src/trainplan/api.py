@@ -28,9 +28,9 @@ from trainplan.predict import estimate as predict
 from trainplan.recipe import Recipe
 
 if TYPE_CHECKING:
-    from trainplan.rlhf import RLHFSpec
     from trainplan.planner.command import Comparison
     from trainplan.planner.search import PlanResult
+    from trainplan.rlhf import RLHFSpec
 
 __all__ = ["compare", "estimate", "estimate_inputs", "plan"]
 
@@ -129,7 +129,7 @@ def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> R
     else:
         reward_model = _model(reward)
     critic = values.get("critic_model")
-    actor = values.get("actor") or "full"
+    actor: Any = values.get("actor") or "full"
     prompt, gen = seq_lengths(method, recipe.seq_len, values.get("prompt_len"), values.get("gen_len"))
     optional: dict[str, Any] = {
         k: values[k]

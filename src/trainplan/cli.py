@@ -156,7 +156,9 @@ def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
         for name, value in terms:
             if value:
                 lines.append(f"    {name:46s}{_fmt_size(value, binary)}")
-    lines.append(f"  {'total at the peak (+ CUDA context, fragmentation)':48s}{_fmt_size(rl.per_device_bytes, binary)}")
+    lines.append(
+        f"  {'total at the peak (+ CUDA context, fragmentation)':48s}{_fmt_size(rl.per_device_bytes, binary)}"
+    )
     if rl.host_bytes:
         lines.append(f"  {'host memory (offloaded)':48s}{_fmt_size(rl.host_bytes, binary)}")
     ro = rl.rollout

@@ -55,7 +55,9 @@ from trainplan.recipe import (
 if TYPE_CHECKING:
     import argparse
 
-Group = Literal["input", "hardware", "layout", "recipe", "rlhf", "cost", "plan", "export", "verify", "run", "output"]
+Group = Literal[
+    "input", "hardware", "layout", "recipe", "rlhf", "cost", "plan", "export", "verify", "run", "output"
+]
 ValueType = type[int] | type[float] | type[str] | type[bool]
 
 # Planner settings. ``trainplan.planner.search`` has the same values (tests/test_inputs.py pins
@@ -918,13 +920,14 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
             targets=tuple(t.strip() for t in targets.split(",")) if targets else LORA_TARGETS,
             double_quant=not values.get("no_double_quant", False),
         )
-    elif rank is not None or targets:
-        if method not in RLHF_METHODS or values.get("actor") not in ("lora", "qlora"):
-            raise TrainplanError(
-                "lora_rank",
-                f"--lora-rank/--lora-targets need --method lora or qlora (or an RLHF method with "
-                f"--actor lora), not {method}",
-            )
+    elif (rank is not None or targets) and (
+        method not in RLHF_METHODS or values.get("actor") not in ("lora", "qlora")
+    ):
+        raise TrainplanError(
+            "lora_rank",
+            f"--lora-rank/--lora-targets need --method lora or qlora (or an RLHF method with "
+            f"--actor lora), not {method}",
+        )
     return Recipe(
         method=method,
         precision=values["precision"],

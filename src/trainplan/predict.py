@@ -231,9 +231,25 @@ def estimate(
     rl: RLHFEstimate | None = None
     if spec is not None:
         rl = estimate_rlhf(
-            system, model, policy_recipe, layout, spec, actor_memory=mem, actor_time=time, num_microbatches=nmb
+            system,
+            model,
+            policy_recipe,
+            layout,
+            spec,
+            actor_memory=mem,
+            actor_time=time,
+            num_microbatches=nmb,
         )
-        time = dataclasses.replace(time, **rl.time_terms, notes=(*time.notes, *rl.notes))
+        t = rl.time_terms
+        time = dataclasses.replace(
+            time,
+            rollout_prefill_s=t["rollout_prefill_s"],
+            rollout_decode_s=t["rollout_decode_s"],
+            scoring_s=t["scoring_s"],
+            critic_update_s=t["critic_update_s"],
+            weight_sync_s=t["weight_sync_s"],
+            notes=(*time.notes, *rl.notes),
+        )
     thr = throughput(system, model, recipe, layout, time)
     if rl is not None:
         thr = dataclasses.replace(
@@ -281,7 +297,9 @@ def rlhf_spec(model: ModelSpec, recipe: Recipe, given: RLHFSpec | None) -> RLHFS
         return None
     if given is not None:
         if given.method != recipe.method:
-            raise RecipeError("method", f"the RLHF settings are for {given.method}, the recipe for {recipe.method}")
+            raise RecipeError(
+                "method", f"the RLHF settings are for {given.method}, the recipe for {recipe.method}"
+            )
         if given.prompt_len + given.gen_len not in (0, recipe.seq_len):
             raise RecipeError(
                 "seq_len",

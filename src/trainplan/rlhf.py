@@ -148,14 +148,20 @@ class RLHFSpec:
         if m == "rm" and self.reference != "none":
             raise RecipeError("reference", "reward-model training has no reference policy; drop --reference")
         if m == "rm" and self.placement != "colocated":
-            raise RecipeError("placement", "reward-model training is one model in one phase; drop --placement")
+            raise RecipeError(
+                "placement", "reward-model training is one model in one phase; drop --placement"
+            )
         if m == "rm" and self.actor != "full":
             raise RecipeError("actor", "reward-model training trains the whole model here; use --actor full")
         if m not in ROLLOUT_METHODS:
             for name, value, default in (
                 ("group_size", self.group_size, 1),
                 ("rollout_tp", self.rollout_tp, 1),
-                ("rollout_engine_mem_fraction", self.rollout_engine_mem_fraction, DEFAULT_ENGINE_MEM_FRACTION),
+                (
+                    "rollout_engine_mem_fraction",
+                    self.rollout_engine_mem_fraction,
+                    DEFAULT_ENGINE_MEM_FRACTION,
+                ),
                 ("rollout_concurrency", self.rollout_concurrency, None),
                 ("rollout_shares_weights", self.rollout_shares_weights, False),
                 ("gen_len", self.gen_len, 0),
@@ -171,14 +177,18 @@ class RLHFSpec:
         if not isinstance(self.group_size, int) or self.group_size <= 0:
             raise RecipeError("group_size", f"must be a positive integer, got {self.group_size!r}")
         if not 0.0 < self.rollout_engine_mem_fraction <= 1.0:
-            raise RecipeError("rollout_engine_mem_fraction", f"must be in (0, 1], got {self.rollout_engine_mem_fraction}")
+            raise RecipeError(
+                "rollout_engine_mem_fraction", f"must be in (0, 1], got {self.rollout_engine_mem_fraction}"
+            )
         for name, choices in (
             ("actor", ACTOR_TRAININGS),
             ("reference", REFERENCES),
             ("placement", PLACEMENTS),
         ):
             if getattr(self, name) not in choices:
-                raise RecipeError(name, f"unknown value {getattr(self, name)!r}; choose one of {', '.join(choices)}")
+                raise RecipeError(
+                    name, f"unknown value {getattr(self, name)!r}; choose one of {', '.join(choices)}"
+                )
         if self.rollout_tp <= 0:
             raise RecipeError("rollout_tp", f"must be a positive integer, got {self.rollout_tp}")
         if m in ROLLOUT_METHODS and (self.prompt_len <= 0 or self.gen_len <= 0):
@@ -297,9 +307,7 @@ class Rollout:
     fits_one_sequence: bool
 
 
-def rollout(
-    system: System, model: ModelSpec, recipe: Recipe, spec: RLHFSpec, sequences: int
-) -> Rollout:
+def rollout(system: System, model: ModelSpec, recipe: Recipe, spec: RLHFSpec, sequences: int) -> Rollout:
     """Prefill and decode time of ``sequences`` generated sequences over the system's engines.
 
     Concurrency: C = min(sequences per engine, ``rollout_concurrency``, ⌊KV budget / KV of one
@@ -437,9 +445,7 @@ class RLHFEstimate:
         return {
             "rollout": t["rollout_prefill_s"] + t["rollout_decode_s"],
             "scoring": t["scoring_s"],
-            "training": time.step_s
-            - sum(t.values())
-            + t["critic_update_s"],
+            "training": time.step_s - sum(t.values()) + t["critic_update_s"],
             "sync": t["weight_sync_s"],
         }
 
@@ -544,7 +550,9 @@ def estimate_rlhf(
     if spec.method == "ppo":
         critic = critic_of(policy, spec)
         crec = dataclasses.replace(frozen, offload=arec.offload)
-        critic_mem = memory_breakdown(critic, crec, layout, capacity_bytes=cap, num_microbatches=num_microbatches)
+        critic_mem = memory_breakdown(
+            critic, crec, layout, capacity_bytes=cap, num_microbatches=num_microbatches
+        )
         critic_time = step_time(system, critic, crec, layout, memory=critic_mem)
         persistent.append(("critic training states", critic_mem.model_states_bytes))
     rollout_only: list[tuple[str, float]] = []

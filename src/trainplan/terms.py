@@ -162,7 +162,13 @@ TERM_GROUPS: Final[tuple[TermGroup, ...]] = (
     "critic",
     "sync",
 )
-RLHF_TERM_KEYS: Final = ("rollout_prefill_s", "rollout_decode_s", "scoring_s", "critic_update_s", "weight_sync_s")
+RLHF_TERM_KEYS: Final = (
+    "rollout_prefill_s",
+    "rollout_decode_s",
+    "scoring_s",
+    "critic_update_s",
+    "weight_sync_s",
+)
 """The terms only an RLHF step has (0 in a training step)."""
 
 BY_KEY: Final[dict[str, Term]] = {t.key: t for t in TIME_TERMS}
@@ -177,4 +183,13 @@ def group_of(label_or_key: str) -> TermGroup:
     return term.group
 
 
-__all__ = ["BY_KEY", "BY_LABEL", "RLHF_TERM_KEYS", "TERM_GROUPS", "TIME_TERMS", "Term", "TermGroup", "group_of"]
+__all__ = [
+    "BY_KEY",
+    "BY_LABEL",
+    "RLHF_TERM_KEYS",
+    "TERM_GROUPS",
+    "TIME_TERMS",
+    "Term",
+    "TermGroup",
+    "group_of",
+]

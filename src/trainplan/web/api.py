@@ -190,6 +190,7 @@ class EstimateInputs:
     price: float | None
     provider: str | None
     pue: float
+    rlhf: Any = None
 
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
@@ -200,6 +201,9 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
     values = read_fields(obj, estimate_flags(), (*MODEL_FIELDS, *HARDWARE_FIELDS))
     model = model_from_body(obj)
     acc = accelerator if accelerator is not None else _accelerator(obj.get("hardware"))
+    from trainplan.api import rlhf_spec
+
+    recipe = inputs.build_recipe(values)
     return EstimateInputs(
         system=System(
             accelerator=acc,
@@ -207,11 +211,12 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
             host_memory_bytes_per_node=inputs.host_memory_bytes(values),
         ),
         model=model,
-        recipe=inputs.build_recipe(values),
+        recipe=recipe,
         layout=inputs.build_layout(values),
         price=values["price"],
         provider=values["provider"],
         pue=values["pue"],
+        rlhf=rlhf_spec(values, model, recipe),
     )
 
 
@@ -226,6 +231,7 @@ def _run_estimate(inp: EstimateInputs) -> Any:
         price_usd_per_device_hour=inp.price,
         provider=inp.provider,
         pue=inp.pue,
+        rlhf=inp.rlhf,
     )
 
 
