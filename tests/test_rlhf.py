@@ -4,6 +4,7 @@ rollout's roofline regimes, and the properties an RL step must keep."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 from hypothesis import given, settings
@@ -99,7 +100,7 @@ def _rollout(
 
 def test_more_rollout_devices_never_slow_generation() -> None:
     times = [(_rollout(n).prefill_s + _rollout(n).decode_s) for n in (1, 2, 4, 8, 16)]
-    assert all(a >= b for a, b in zip(times, times[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(times))
     assert times[0] > times[-1]
 
 
@@ -180,3 +181,15 @@ def test_plan_and_export_refuse_rlhf_methods() -> None:
     est = _est("dpo")
     with pytest.raises(TrainplanError, match="TRL, OpenRLHF or verl"):
         export_plan("torchtitan", est.system, est.model, est.recipe, est.layout)
+
+
+def test_web_api_gives_the_rl_answer_with_its_terms() -> None:
+    from trainplan.web.api import estimate as web_estimate
+
+    body = {"model": "llama-2-7b", "method": "ppo", "reference": "model", **BASE}
+    got = web_estimate(body)
+    terms = got.pop("terms")
+    assert got == _est("ppo", reference="model").to_dict()
+    assert sum(t["bytes"] for t in terms["memory"]) == pytest.approx(got["memory"]["per_device_bytes"])
+    assert sum(t["s"] for t in terms["time"]) == pytest.approx(got["time"]["step_s"])
+    assert {t["group"] for t in terms["time"] if t["s"] > 0} >= {"rollout", "scoring", "critic", "sync"}

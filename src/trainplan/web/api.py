@@ -172,13 +172,28 @@ def estimate_payload(est: Any) -> dict[str, object]:
     """
     out = dict(est.to_dict())
     out["terms"] = {
-        "memory": [{"name": n, "bytes": float(v)} for n, v in est.memory.terms()],
+        "memory": [{"name": n, "bytes": float(v)} for n, v in memory_terms(est)],
         "time": [
             {"name": t.label, "key": t.key, "s": float(getattr(est.time, t.key)), "group": t.group}
             for t in TIME_TERMS
         ],
     }
     return out
+
+
+def memory_terms(est: Any) -> list[tuple[str, float]]:
+    """The visible sum of ``memory.per_device_bytes``: the training step's terms, or for an RLHF
+    method the peak phase's terms (every model named) with the CUDA context and fragmentation."""
+    rl = est.rlhf
+    if rl is None:
+        return list(est.memory.terms())
+    from trainplan.memory import CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION
+
+    return [
+        *((f"{rl.peak_phase}: {n}", v) for n, v in rl.phases[rl.peak_phase]),
+        ("CUDA context / runtime", CUDA_CONTEXT_BYTES),
+        ("allocator fragmentation", FRAGMENTATION_FRACTION * rl.peak_bytes),
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
