@@ -164,7 +164,8 @@ def test_every_rlhf_flag_changes_the_answer() -> None:
         dict(rollout_tp=2),
         dict(rollout_engine_mem_fraction=0.5),
         dict(rollout_concurrency=2),
-        dict(rollout_shares_weights=True),
+        dict(rollout_engine="hybrid"),
+        dict(rollout_engine="trainer"),
         dict(actor="lora"),
     ):
         assert _est("ppo", **kw).to_dict() != base, kw
@@ -193,3 +194,40 @@ def test_web_api_gives_the_rl_answer_with_its_terms() -> None:
     assert sum(t["bytes"] for t in terms["memory"]) == pytest.approx(got["memory"]["per_device_bytes"])
     assert sum(t["s"] for t in terms["time"]) == pytest.approx(got["time"]["step_s"])
     assert {t["group"] for t in terms["time"] if t["s"] > 0} >= {"rollout", "scoring", "critic", "sync"}
+
+
+def test_train_batch_splits_the_step_into_updates() -> None:
+    one = _est("ppo")
+    four = _est("ppo", train_batch=16)
+    assert four.rlhf.updates == 4 and one.rlhf.updates == 1
+    assert four.rlhf.models["actor training states"] == one.rlhf.models["actor training states"]
+    assert four.memory.activations_bytes <= one.memory.activations_bytes
+    assert four.time.optimizer_s == pytest.approx(4 * one.time.optimizer_s)
+    with pytest.raises(TrainplanError, match="train-batch"):
+        _est("ppo", train_batch=48)
+
+
+def test_generating_on_zero3_trainer_weights_is_bound_by_the_gathers() -> None:
+    """HF generate on a ZeRO-3 module all-gathers every layer at each decode step (OpenRLHF
+    without vLLM, DeepSpeed-Chat without the Hybrid Engine): much slower than a vLLM copy."""
+    trainer = _est("ppo", rollout_engine="trainer", rollout_concurrency=8)
+    vllm = _est("ppo", rollout_concurrency=8)
+    assert trainer.rlhf.rollout.decode_bound == "ZeRO-3 gather"
+    assert trainer.time.rollout_decode_s > 3 * vllm.time.rollout_decode_s
+    assert "rollout engine weights" not in trainer.rlhf.models and trainer.time.weight_sync_s == 0
+    no_zero = _est("ppo", zero=1, rollout_engine="trainer", rollout_concurrency=8)
+    assert no_zero.rlhf.rollout.decode_bound == "memory"
+
+
+def test_rlhf_validation_rows_are_predicted_and_the_fit_claim_reproduced() -> None:
+    from trainplan.validate.rlhf import RLHF_DATASETS, rows, validate_rlhf_dataset
+
+    all_rows = rows()
+    assert {r.dataset for r in all_rows} == set(RLHF_DATASETS)
+    assert all(r.split == "validate" and r.source.startswith("https://") for r in all_rows)
+    timing = validate_rlhf_dataset("rlhf_openrlhf_colocated")
+    assert len(timing.scored) == 9 and timing.passed
+    fits = validate_rlhf_dataset("rlhf_fit_claims")
+    assert [r.error for r in fits.scored] == [0.0]
+    skipped = [r for r in fits.rows if r.skipped]
+    assert len(skipped) == 1 and "disaggregated" in skipped[0].skipped

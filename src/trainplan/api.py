@@ -133,7 +133,13 @@ def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> R
     prompt, gen = seq_lengths(method, recipe.seq_len, values.get("prompt_len"), values.get("gen_len"))
     optional: dict[str, Any] = {
         k: values[k]
-        for k in ("group_size", "rollout_tp", "rollout_engine_mem_fraction", "rollout_concurrency")
+        for k in (
+            "group_size",
+            "rollout_tp",
+            "rollout_engine_mem_fraction",
+            "rollout_concurrency",
+            "train_batch",
+        )
         if values.get(k) is not None
     }
     return RLHFSpec(
@@ -145,7 +151,7 @@ def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> R
         reference=values.get("reference") or ("none" if method == "rm" else "model"),
         prompt_len=prompt,
         gen_len=gen,
-        rollout_shares_weights=bool(values.get("rollout_shares_weights")),
+        rollout_engine=values.get("rollout_engine") or "vllm",
         placement=values.get("placement") or "colocated",
         **optional,
     )

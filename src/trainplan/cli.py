@@ -164,7 +164,7 @@ def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
     ro = rl.rollout
     if ro is not None:
         lines.append(
-            f"  rollout: {ro.engines} engine(s) × TP{rl.spec.rollout_tp}, {ro.sequences_per_engine} sequences "
+            f"  rollout ({rl.spec.rollout_engine}): {ro.engines} engine(s), {ro.sequences_per_engine} sequences "
             f"each, {ro.concurrent_sequences} at once ({ro.waves} wave(s)), KV budget "
             f"{_fmt_size(ro.kv_budget_bytes, binary).strip()} {unit}, decode {ro.decode_bound}-bound "
             f"({fmt_duration(ro.decode_step_s)} per token step)"

@@ -44,6 +44,7 @@ from trainplan.recipe import (
     PRECISIONS,
     RECOMPUTES,
     RLHF_ACTORS,
+    RLHF_ENGINES,
     RLHF_METHODS,
     RLHF_PLACEMENTS,
     RLHF_REFERENCES,
@@ -560,10 +561,21 @@ RLHF_FIELDS: Final = (
         help="most sequences an engine generates at once (HF generate micro-batch; default: "
         "what the KV budget holds, continuous batching)",
     ),
-    _switch(
-        "rollout_shares_weights",
-        "rlhf",
-        "the rollout engine runs on the trainer's weights (DeepSpeed Hybrid Engine, verl, Unsloth), no copy",
+    Field(
+        name="rollout_engine",
+        group="rlhf",
+        choices=RLHF_ENGINES,
+        help="vllm (own weight copy, default), hybrid (the trainer's weights gathered into the engine "
+        "layout: DeepSpeed Hybrid Engine, verl), trainer (HF generate in the training layout, per-step "
+        "ZeRO-3 gathers: OpenRLHF without vLLM, DeepSpeed-Chat without the Hybrid Engine)",
+    ),
+    Field(
+        name="train_batch",
+        group="rlhf",
+        type=int,
+        positive=True,
+        help="sequences (ppo/grpo) or pairs (dpo/rm) per optimizer update; the step's batch is cut "
+        "into several updates (OpenRLHF --train_batch_size; default: one update per step)",
     ),
     Field(
         name="placement",

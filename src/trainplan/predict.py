@@ -26,8 +26,17 @@ from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Recipe
-from trainplan.rlhf import RLHFEstimate, RLHFSpec, actor_recipe, estimate_rlhf, is_rlhf, seq_lengths
+from trainplan.rlhf import (
+    RLHFEstimate,
+    RLHFSpec,
+    estimate_rlhf,
+    is_rlhf,
+    seq_lengths,
+    update_recipe,
+    updates_per_step,
+)
 from trainplan.sharding import device_params
+from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
 from trainplan.timing import Throughput, TimeBreakdown, step_time, throughput
 
 
@@ -207,7 +216,7 @@ def estimate(
     spec = rlhf_spec(model, recipe, rlhf)
     policy_recipe = recipe
     if spec is not None:
-        recipe = actor_recipe(recipe, spec)
+        recipe = update_recipe(recipe, spec, layout)
     nmb = layout.check_batch(
         seq_len=recipe.seq_len, micro_batch=recipe.micro_batch, global_batch=recipe.global_batch
     )
@@ -241,8 +250,12 @@ def estimate(
             num_microbatches=nmb,
         )
         t = rl.time_terms
+        n = updates_per_step(policy_recipe, spec, layout)
+        scaled = {k.key: n * getattr(time, k.key) for k in TIME_TERMS if k.key not in RLHF_TERM_KEYS}
         time = dataclasses.replace(
             time,
+            **scaled,
+            compute_s=n * time.compute_s,
             rollout_prefill_s=t["rollout_prefill_s"],
             rollout_decode_s=t["rollout_decode_s"],
             scoring_s=t["scoring_s"],

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
+from trainplan.comm import domain_size, network_from_system, place_group
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import get_efficiency
 from trainplan.errors import RecipeError
@@ -53,6 +54,7 @@ from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import (
     RLHF_ACTORS,
+    RLHF_ENGINES,
     RLHF_METHODS,
     RLHF_PLACEMENTS,
     RLHF_REFERENCES,
@@ -61,6 +63,7 @@ from trainplan.recipe import (
     RLHFActor,
     RLHFPlacement,
     RLHFReference,
+    RolloutEngine,
 )
 from trainplan.timing import TimeBreakdown, recipe_peaks, step_time
 
@@ -73,6 +76,7 @@ ActorTraining = RLHFActor
 REFERENCES: Final = RLHF_REFERENCES
 PLACEMENTS: Final = RLHF_PLACEMENTS
 ACTOR_TRAININGS: Final = RLHF_ACTORS
+ROLLOUT_ENGINES: Final = RLHF_ENGINES
 
 DEFAULT_ENGINE_MEM_FRACTION: Final = 0.3
 """TRL's default ``vllm_gpu_memory_utilization`` for a vLLM engine colocated with training
@@ -101,8 +105,12 @@ class RLHFSpec:
     devices / rollout_tp). ``rollout_engine_mem_fraction``: vLLM ``gpu_memory_utilization``.
     ``rollout_concurrency``: most sequences an engine generates at once (HF ``generate`` micro
     batch; ``None`` = as many as the KV budget holds, continuous batching).
-    ``rollout_shares_weights``: the engine runs on the trainer's weights (DeepSpeed Hybrid Engine,
-    verl 3D-HybridEngine, Unsloth) instead of a copy of its own.
+    ``rollout_engine``: ``vllm`` — an inference engine with its own weight copy in its TP layout
+    (OpenRLHF / TRL / verl with vLLM); ``hybrid`` — the trainer's weights gathered once per rollout
+    into the engine's layout (DeepSpeed Hybrid Engine, verl 3D-HybridEngine, Unsloth's shared
+    weights); ``trainer`` — Hugging Face ``generate`` on the training engine's module (OpenRLHF
+    without vLLM, DeepSpeed-Chat with the Hybrid Engine off): in the training layout, and under
+    ZeRO-3 every decode step gathers the sharded weights again (DeepSpeed stage-3 forward hooks).
     """
 
     method: str
@@ -117,8 +125,12 @@ class RLHFSpec:
     rollout_tp: int = 1
     rollout_engine_mem_fraction: float = DEFAULT_ENGINE_MEM_FRACTION
     rollout_concurrency: int | None = None
-    rollout_shares_weights: bool = False
+    rollout_engine: RolloutEngine = "vllm"
     placement: Placement = "colocated"
+    train_batch: int | None = None
+    """Sequences (PPO, GRPO) or pairs (DPO, RM) per optimizer update; the step's batch is cut into
+    ``global_batch × group_size / train_batch`` updates (OpenRLHF ``--train_batch_size``, TRL
+    ``num_mini_batches``, torchtune ``ppo_batch_size``). ``None``: one update per step."""
 
     def __post_init__(self) -> None:
         m = self.method
@@ -163,7 +175,7 @@ class RLHFSpec:
                     DEFAULT_ENGINE_MEM_FRACTION,
                 ),
                 ("rollout_concurrency", self.rollout_concurrency, None),
-                ("rollout_shares_weights", self.rollout_shares_weights, False),
+                ("rollout_engine", self.rollout_engine, "vllm"),
                 ("gen_len", self.gen_len, 0),
             ):
                 if value != default:
@@ -174,6 +186,8 @@ class RLHFSpec:
             raise RecipeError("critic_model", f"{m} has no critic (PPO only); drop --critic-model")
         if m != "grpo" and self.group_size != 1:
             raise RecipeError("group_size", "samples per prompt is a GRPO setting; use --method grpo")
+        if self.train_batch is not None and self.train_batch <= 0:
+            raise RecipeError("train_batch", f"must be a positive integer, got {self.train_batch!r}")
         if not isinstance(self.group_size, int) or self.group_size <= 0:
             raise RecipeError("group_size", f"must be a positive integer, got {self.group_size!r}")
         if not 0.0 < self.rollout_engine_mem_fraction <= 1.0:
@@ -184,6 +198,7 @@ class RLHFSpec:
             ("actor", ACTOR_TRAININGS),
             ("reference", REFERENCES),
             ("placement", PLACEMENTS),
+            ("rollout_engine", ROLLOUT_ENGINES),
         ):
             if getattr(self, name) not in choices:
                 raise RecipeError(
@@ -236,9 +251,35 @@ def actor_recipe(recipe: Recipe, spec: RLHFSpec) -> Recipe:
     )
 
 
+def update_recipe(recipe: Recipe, spec: RLHFSpec, layout: Layout) -> Recipe:
+    """The recipe of one optimizer update of the policy: :func:`actor_recipe` with ``train_batch``
+    sequences (pairs ×2) per update, when given."""
+    step = actor_recipe(recipe, spec)
+    if spec.train_batch is None:
+        return step
+    per_update = spec.train_batch * (2 if spec.method in PAIR_METHODS else 1)
+    total = step_sequences(step, layout)
+    if per_update > total or total % per_update:
+        raise RecipeError(
+            "train_batch",
+            f"{total} sequences per step do not split into updates of {per_update}; "
+            "give a --train-batch that divides the step's batch",
+        )
+    return dataclasses.replace(step, global_batch=per_update)
+
+
+def updates_per_step(recipe: Recipe, spec: RLHFSpec, layout: Layout) -> int:
+    """Optimizer updates of the actor (and critic) per RL step."""
+    step = step_sequences(actor_recipe(recipe, spec), layout)
+    return step // step_sequences(update_recipe(recipe, spec, layout), layout)
+
+
 def frozen_recipe(recipe: Recipe) -> Recipe:
-    """A frozen model's forward recipe: full-model weights in the recipe's dtype, no adapters."""
-    return dataclasses.replace(recipe, method="full", lora=None, offload="none", paged_optimizer=False)
+    """A frozen model's forward recipe: full-model weights in the recipe's dtype, no adapters,
+    nothing offloaded, no optimizer."""
+    return dataclasses.replace(
+        recipe, method="full", lora=None, offload="none", paged_optimizer=False, optimizer_in_backward=False
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -298,16 +339,24 @@ class Rollout:
     waves: int
     kv_budget_bytes: float
     kv_cache_bytes: float
-    engine_weights_bytes: float
+    engine_weights_bytes: float  # the engine's own weight copy per rank (vllm; 0 otherwise)
+    gathered_weights_bytes: float  # hybrid: the trainer's weights gathered into the engine layout
     prefill_s: float
     decode_s: float
     decode_step_s: float
     prefill_flops_per_engine: float
-    decode_bound: str  # "memory" or "compute"
+    decode_bound: str  # "memory", "compute" or "ZeRO-3 gather"
     fits_one_sequence: bool
 
 
-def rollout(system: System, model: ModelSpec, recipe: Recipe, spec: RLHFSpec, sequences: int) -> Rollout:
+def rollout(
+    system: System,
+    model: ModelSpec,
+    recipe: Recipe,
+    spec: RLHFSpec,
+    sequences: int,
+    layout: Layout | None = None,
+) -> Rollout:
     """Prefill and decode time of ``sequences`` generated sequences over the system's engines.
 
     Concurrency: C = min(sequences per engine, ``rollout_concurrency``, ⌊KV budget / KV of one
@@ -322,9 +371,26 @@ def rollout(system: System, model: ModelSpec, recipe: Recipe, spec: RLHFSpec, se
     measured streaming efficiency) and 2 · active params · C / tp FLOPs at the GEMM rate — the
     memory-bound regime of small batches (Pope et al. 2022, "Efficiently Scaling Transformer
     Inference", Sec. 2-3).
+
+    ``rollout_engine="trainer"`` generates in the training ``layout`` (engines = devices / tp, no
+    weight copy); under ZeRO-3 each decode step (and each wave's prefill) all-gathers the
+    sharded weights over the shard group (:func:`gather_s`), overlapped with the step's own
+    roofline by DeepSpeed's prefetch: the step is the larger of the two.
     """
     acc = system.accelerator
     tp = spec.rollout_tp
+    trainer = spec.rollout_engine == "trainer"
+    if trainer:
+        if layout is None:
+            raise RecipeError(
+                "rollout_engine", "the trainer engine generates in the training layout: pass it"
+            )
+        if tp not in (1, layout.tp):
+            raise RecipeError(
+                "rollout_tp",
+                f"--rollout-engine trainer generates in the training layout (tp {layout.tp}); drop --rollout-tp",
+            )
+        tp = layout.tp
     if system.num_devices % tp:
         raise RecipeError(
             "rollout_tp", f"--rollout-tp {tp} does not divide the {system.num_devices} devices into engines"
@@ -332,9 +398,10 @@ def rollout(system: System, model: ModelSpec, recipe: Recipe, spec: RLHFSpec, se
     engines = system.num_devices // tp
     per_engine = math.ceil(sequences / engines)
     weights = engine_weights_bytes(model, recipe, tp)
+    own_copy = 0.0 if spec.rollout_engine != "vllm" else weights
     seq_tokens = spec.prompt_len + spec.gen_len
     kv_seq = kv_bytes_per_token(model, recipe, tp) * seq_tokens
-    budget = max(0.0, spec.rollout_engine_mem_fraction * acc.memory_bytes - weights)
+    budget = max(0.0, spec.rollout_engine_mem_fraction * acc.memory_bytes - own_copy)
     held = int(budget // kv_seq)
     cap = spec.rollout_concurrency if spec.rollout_concurrency is not None else per_engine
     concurrent = max(1, min(per_engine, cap, held))
@@ -347,12 +414,15 @@ def rollout(system: System, model: ModelSpec, recipe: Recipe, spec: RLHFSpec, se
         frozen_recipe(recipe), seq_len=spec.prompt_len, micro_batch=concurrent, global_batch=concurrent
     )
     prefill_flops = step_flops(model, prompt).forward.flops
-    prefill_wave_s = max(prefill_flops / tp / flops_per_s, weights / bw)
+    gather = 0.0
+    if trainer and layout is not None and layout.zero == 3:
+        gather = gather_s(system, weights, layout.shard_group)
+    prefill_wave_s = max(prefill_flops / tp / flops_per_s, weights / bw, gather)
     mean_context = spec.prompt_len + spec.gen_len / 2.0
     kv_read = concurrent * kv_bytes_per_token(model, recipe, tp) * mean_context
     memory_s = (weights + kv_read) / bw
     compute_s = 2.0 * count_params(model).active * concurrent / tp / flops_per_s
-    step_s = max(memory_s, compute_s)
+    step_s = max(memory_s, compute_s, gather)
     return Rollout(
         engines=engines,
         sequences_per_engine=per_engine,
@@ -360,24 +430,36 @@ def rollout(system: System, model: ModelSpec, recipe: Recipe, spec: RLHFSpec, se
         waves=waves,
         kv_budget_bytes=budget,
         kv_cache_bytes=budget if spec.rollout_concurrency is None else min(concurrent * kv_seq, budget),
-        engine_weights_bytes=weights,
+        engine_weights_bytes=own_copy,
+        gathered_weights_bytes=weights if spec.rollout_engine == "hybrid" else 0.0,
         prefill_s=waves * prefill_wave_s,
         decode_s=waves * spec.gen_len * step_s,
         decode_step_s=step_s,
         prefill_flops_per_engine=waves * prefill_flops,
-        decode_bound="memory" if memory_s >= compute_s else "compute",
+        decode_bound="ZeRO-3 gather"
+        if gather > max(memory_s, compute_s)
+        else ("memory" if memory_s >= compute_s else "compute"),
         fits_one_sequence=held >= 1,
     )
 
 
-def weight_sync_s(system: System, bytes_per_device: float) -> float:
-    """Trainer → rollout engine weight sync on each device: its engine shard gathered over the
-    scale-up link (ring all-gather moves (n−1)/n of the bytes, Thakur et al. 2005; CUDA-IPC /
-    NCCL broadcast in OpenRLHF, verl's in-process reshard, NeMo RL "refit")."""
-    n = min(system.num_devices, system.scale_up_domain)
-    if n <= 1:
-        return bytes_per_device / (system.accelerator.memory_bandwidth_bytes_per_s)
-    return bytes_per_device * (n - 1) / n / system.accelerator.scale_up.bandwidth_bytes_per_s
+def gather_s(system: System, gathered_bytes: float, group: int) -> float:
+    """All-gather of ``gathered_bytes`` (the output: the whole engine shard) over ``group``
+    consecutive ranks: ``comm.Network.time_s`` (NCCL ring, two levels when the group spans
+    scale-up domains; Thakur et al. 2005)."""
+    if group <= 1 or gathered_bytes == 0:
+        return 0.0
+    net = network_from_system(system)
+    return net.time_s("all_gather", gathered_bytes, place_group("rollout", group, 1, domain_size(system)))
+
+
+def weight_sync_s(system: System, bytes_per_device: float, group: int) -> float:
+    """Trainer → rollout engine weight sync on each device: its engine shard gathered from the
+    trainer's ZeRO shards (:func:`gather_s`; OpenRLHF's NCCL broadcast / CUDA-IPC, verl's
+    in-process reshard, NeMo RL "refit"), or, with nothing sharded, one copy at HBM bandwidth."""
+    if group <= 1:
+        return bytes_per_device / system.accelerator.memory_bandwidth_bytes_per_s
+    return gather_s(system, bytes_per_device, group)
 
 
 # --- the estimate -------------------------------------------------------------------------------
@@ -393,7 +475,8 @@ class RLHFEstimate:
     models: dict[str, float]  # resident bytes per model (weights or training states)
     rollout: Rollout | None
     time_terms: dict[str, float]  # the RL terms of timing.TimeBreakdown (terms.RLHF groups)
-    actor_step_s: float
+    actor_step_s: float  # the actor's updates of one RL step
+    updates: int  # optimizer updates per RL step
     sequences: int
     tokens_per_step: float
     model_flops_per_step: float
@@ -463,6 +546,8 @@ class RLHFEstimate:
             "prompt_len": s.prompt_len,
             "gen_len": s.gen_len,
             "sequences_per_step": self.sequences,
+            "updates_per_step": self.updates,
+            "train_batch": s.train_batch,
             "per_device_bytes": self.per_device_bytes,
             "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase,
@@ -491,7 +576,9 @@ class RLHFEstimate:
                 "waves": r.waves,
                 "kv_budget_bytes": r.kv_budget_bytes,
                 "kv_cache_bytes": r.kv_cache_bytes,
+                "engine": s.rollout_engine,
                 "engine_weights_bytes": r.engine_weights_bytes,
+                "gathered_weights_bytes": r.gathered_weights_bytes,
                 "decode_step_s": r.decode_step_s,
                 "decode_bound": r.decode_bound,
                 "fits_one_sequence": r.fits_one_sequence,
@@ -536,12 +623,14 @@ def estimate_rlhf(
     arec = actor_recipe(recipe, spec)
     frozen = frozen_recipe(arec)
     sequences = step_sequences(arec, layout)
+    updates = updates_per_step(recipe, spec, layout)
+    urec = update_recipe(recipe, spec, layout)
     notes: list[str] = []
 
     def frozen_weights(model: ModelSpec) -> float:
         """A frozen model's weights per device, sharded as the trained models are (ZeRO-3, TP, PP):
         the ``weights_bytes`` of ``memory.memory_breakdown``."""
-        return memory_breakdown(model, frozen, layout, num_microbatches=num_microbatches).weights_bytes
+        return memory_breakdown(model, frozen, layout).weights_bytes
 
     # Resident bytes of every model, and the transient of each phase.
     persistent: list[tuple[str, float]] = [("actor training states", actor_memory.model_states_bytes)]
@@ -549,7 +638,7 @@ def estimate_rlhf(
     critic_time: TimeBreakdown | None = None
     if spec.method == "ppo":
         critic = critic_of(policy, spec)
-        crec = dataclasses.replace(frozen, offload=arec.offload)
+        crec = dataclasses.replace(urec, method="full", lora=None)
         critic_mem = memory_breakdown(
             critic, crec, layout, capacity_bytes=cap, num_microbatches=num_microbatches
         )
@@ -562,11 +651,18 @@ def estimate_rlhf(
             persistent.append((f"{sm.role} weights (frozen)", frozen_weights(sm.model)))
     ro: Rollout | None = None
     if spec.method in ROLLOUT_METHODS:
-        ro = rollout(system, policy, frozen, spec, sequences)
-        if not spec.rollout_shares_weights:
+        ro = rollout(system, policy, frozen, spec, sequences, layout)
+        if ro.engine_weights_bytes:
             persistent.append(("rollout engine weights", ro.engine_weights_bytes))
-        elif layout.zero == 3 or layout.tp != spec.rollout_tp:
-            rollout_only.append(("actor weights gathered into the engine layout", ro.engine_weights_bytes))
+        if ro.gathered_weights_bytes and (layout.zero == 3 or layout.tp != spec.rollout_tp):
+            rollout_only.append(("actor weights gathered into the engine layout", ro.gathered_weights_bytes))
+        if spec.rollout_engine == "trainer" and layout.zero == 3:
+            rollout_only.append(
+                (
+                    "ZeRO-3 gathered layers (generate)",
+                    actor_memory.fsdp_root_bytes + 2 * actor_memory.fsdp_block_bytes,
+                )
+            )
         kv = ("rollout KV cache", ro.kv_cache_bytes)
         (persistent if spec.rollout_concurrency is None else rollout_only).append(kv)
     # Scoring: the FP32 log-softmax of one micro-batch (the log-prob logits; memory.logits_bytes).
@@ -597,13 +693,11 @@ def estimate_rlhf(
         host = actor_memory.host_bytes + (critic_mem.host_bytes if critic_mem is not None else 0.0)
     else:
         if ro is not None:
+            copy = ("rollout engine weights", ro.engine_weights_bytes)
+            shared = ("actor weights (the engine runs on them)", actor_memory.weights_bytes)
             phases["rollout"] = [
-                (
-                    "actor weights (shared with the engine)"
-                    if spec.rollout_shares_weights
-                    else "rollout engine weights",
-                    ro.engine_weights_bytes,
-                ),
+                copy if ro.engine_weights_bytes else shared,
+                *rollout_only,
                 ("rollout KV cache", ro.kv_cache_bytes),
             ]
         if scored:
@@ -630,19 +724,21 @@ def estimate_rlhf(
     for sm in scored:
         scoring_s += _forward_s(system, sm.model, frozen, layout)
         scoring_flops += _forward_flops(sm.model, frozen, layout)
-    critic_s = critic_time.step_s if critic_time is not None else 0.0
+    critic_s = updates * critic_time.step_s if critic_time is not None else 0.0
     sync_bytes = 0.0
-    if ro is not None:
-        if not spec.rollout_shares_weights:
-            sync_bytes = ro.engine_weights_bytes
-        elif layout.zero == 3 or layout.tp != spec.rollout_tp:
-            sync_bytes = ro.engine_weights_bytes  # Hybrid Engine: gather ZeRO-3 shards into TP shards
+    if ro is not None and spec.rollout_engine != "trainer":
+        # vllm: refresh the engine's copy; hybrid: gather ZeRO-3 shards into the engine's TP shards
+        sync_bytes = ro.engine_weights_bytes or ro.gathered_weights_bytes
+        if spec.rollout_engine == "hybrid" and layout.zero != 3 and layout.tp == spec.rollout_tp:
+            sync_bytes = 0.0
     terms = {
         "rollout_prefill_s": ro.prefill_s if ro is not None else 0.0,
         "rollout_decode_s": ro.decode_s if ro is not None else 0.0,
         "scoring_s": scoring_s,
         "critic_update_s": critic_s,
-        "weight_sync_s": weight_sync_s(system, sync_bytes) if sync_bytes else 0.0,
+        "weight_sync_s": weight_sync_s(system, sync_bytes, layout.shard_group if layout.zero == 3 else 1)
+        if sync_bytes
+        else 0.0,
     }
     actor_flops = step_flops(policy, arec, layout)
     critic_flops = (
@@ -654,8 +750,8 @@ def estimate_rlhf(
         rollout_flops = ro.prefill_flops_per_engine * ro.engines + decode_flops
     if spec.method in ROLLOUT_METHODS:
         notes.append(
-            "one actor (and critic) update over the whole rollout batch (ppo_epochs = 1, train batch = "
-            "rollout batch); rollout is a roofline of the engine (no scheduler or sampling overheads)"
+            f"{updates} actor{' and critic' if spec.method == 'ppo' else ''} update(s) per step "
+            "(ppo_epochs = 1); the rollout is a roofline of the engine (no scheduler or sampling overheads)"
         )
     if spec.method == "rm" or (spec.method == "ppo"):
         notes.append("reward and value heads are counted as the model's LM head (a scalar head is smaller)")
@@ -668,7 +764,8 @@ def estimate_rlhf(
         models=by_name,
         rollout=ro,
         time_terms=terms,
-        actor_step_s=actor_time.step_s,
+        actor_step_s=updates * actor_time.step_s,
+        updates=updates,
         sequences=sequences,
         tokens_per_step=float(sequences * arec.seq_len),
         model_flops_per_step=actor_flops.model_flops + critic_flops + scoring_flops + rollout_flops,
@@ -690,4 +787,6 @@ __all__ = [
     "kv_bytes_per_token",
     "rollout",
     "seq_lengths",
+    "update_recipe",
+    "updates_per_step",
 ]
