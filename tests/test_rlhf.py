@@ -231,3 +231,43 @@ def test_rlhf_validation_rows_are_predicted_and_the_fit_claim_reproduced() -> No
     assert [r.error for r in fits.scored] == [0.0]
     skipped = [r for r in fits.rows if r.skipped]
     assert len(skipped) == 1 and "disaggregated" in skipped[0].skipped
+
+
+def test_cli_shows_memory_per_model_and_phase_and_the_step_split(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from trainplan.cli import main
+
+    argv = ["estimate", "llama-2-7b", "--hardware", "h100-sxm", "--devices", "8", "--zero", "3"]
+    argv += ["--seq-len", "1024", "--global-batch", "64", "--method", "ppo", "--recompute", "full"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for text in (
+        "rollout phase:",
+        "scoring phase:",
+        "training phase:",
+        "critic training states",
+        "rollout KV cache",
+    ):
+        assert text in out
+    assert "RL step split: rollout" in out and "<- peak" in out
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d["rlhf"]["split_s"]) == {"rollout", "scoring", "training", "sync"}
+    assert d["rlhf"]["per_device_bytes"] == d["memory"]["per_device_bytes"]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    placement=st.sampled_from(["colocated", "offload-between-phases"]),
+    engine=st.sampled_from(["vllm", "hybrid", "trainer"]),
+    reward=st.sampled_from(["none", "llama-3.2-1b"]),
+)
+def test_no_reference_never_needs_more_memory_or_time(placement: str, engine: str, reward: str) -> None:
+    kw: dict[str, object] = dict(
+        BASE, global_batch=16, group_size=2, placement=placement, rollout_engine=engine, reward_model=reward
+    )
+    with_ref = estimate("llama-3.2-1b", method="grpo", **kw)
+    without = estimate("llama-3.2-1b", method="grpo", reference="none", **kw)
+    assert without.rlhf.per_device_bytes <= with_ref.rlhf.per_device_bytes
+    assert without.time.step_s <= with_ref.time.step_s

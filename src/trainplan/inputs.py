@@ -558,8 +558,8 @@ RLHF_FIELDS: Final = (
         group="rlhf",
         type=int,
         positive=True,
-        help="most sequences an engine generates at once (HF generate micro-batch; default: "
-        "what the KV budget holds, continuous batching)",
+        help="most sequences an engine generates at once (vLLM max_num_seqs, HF generate micro-batch; "
+        "default: what the KV budget holds)",
     ),
     Field(
         name="rollout_engine",

@@ -323,6 +323,12 @@ def kv_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
     return 2.0 * model.num_layers * heads * model.head_dim * BYTES_PER_ELEMENT[recipe.weight_dtype]
 
 
+def preallocates_kv(spec: RLHFSpec) -> bool:
+    """Whether the engine reserves its whole KV budget up front (vLLM / an inference engine) rather
+    than growing the cache with the sequences it holds (HF ``generate``)."""
+    return spec.rollout_engine != "trainer"
+
+
 def engine_weights_bytes(model: ModelSpec, recipe: Recipe, tp: int) -> float:
     """The rollout engine's weights on one rank: all parameters in the weight dtype over its TP
     size (vLLM shards every linear layer and the vocabulary, Shoeybi et al. 2019 Sec. 3)."""
@@ -429,7 +435,7 @@ def rollout(
         concurrent_sequences=concurrent,
         waves=waves,
         kv_budget_bytes=budget,
-        kv_cache_bytes=budget if spec.rollout_concurrency is None else min(concurrent * kv_seq, budget),
+        kv_cache_bytes=budget if preallocates_kv(spec) else min(concurrent * kv_seq, budget),
         engine_weights_bytes=own_copy,
         gathered_weights_bytes=weights if spec.rollout_engine == "hybrid" else 0.0,
         prefill_s=waves * prefill_wave_s,
@@ -664,7 +670,7 @@ def estimate_rlhf(
                 )
             )
         kv = ("rollout KV cache", ro.kv_cache_bytes)
-        (persistent if spec.rollout_concurrency is None else rollout_only).append(kv)
+        (persistent if preallocates_kv(spec) else rollout_only).append(kv)
     # Scoring: the FP32 log-softmax of one micro-batch (the log-prob logits; memory.logits_bytes).
     logits = logits_bytes(policy, frozen, layout)[0] if scored else 0.0
     by_name = dict(persistent)
@@ -705,7 +711,7 @@ def estimate_rlhf(
                 *[
                     (f"{sm.role} weights", frozen_weights(sm.model))
                     for sm in scored
-                    if sm.resident or sm.role != "reference"
+                    if sm.resident or sm.role != "reference" or spec.method == "dpo"
                 ],
                 ("log-prob logits (FP32, one micro-batch)", logits),
             ]
@@ -753,7 +759,7 @@ def estimate_rlhf(
             f"{updates} actor{' and critic' if spec.method == 'ppo' else ''} update(s) per step "
             "(ppo_epochs = 1); the rollout is a roofline of the engine (no scheduler or sampling overheads)"
         )
-    if spec.method == "rm" or (spec.method == "ppo"):
+    if spec.method in ("rm", "ppo") or spec.reward_model is not None:
         notes.append("reward and value heads are counted as the model's LM head (a scalar head is smaller)")
     return RLHFEstimate(
         spec=spec,
