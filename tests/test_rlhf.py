@@ -61,6 +61,10 @@ def test_offloading_between_phases_saves_memory_not_time() -> None:
     offload = _est("ppo", placement="offload-between-phases")
     assert offload.rlhf.per_device_bytes < resident.rlhf.per_device_bytes
     assert offload.rlhf.host_bytes > 0
+    # what waits in host memory is checked against the server's (memory.host_fits)
+    assert offload.to_dict()["memory"]["host_fits"] is offload.rlhf.host_fits is True
+    big = estimate("llama-2-70b", method="ppo", **{**BASE, "placement": "offload-between-phases"})
+    assert big.rlhf.host_fits is False and any("host memory" in r for r in big.reasons())
     assert offload.time.step_s == resident.time.step_s
 
 

@@ -111,6 +111,9 @@ class Estimate:
                 peak_bytes=self.rlhf.peak_bytes,
                 peak_phase=self.rlhf.peak_phase,
                 host_bytes=self.rlhf.host_bytes,
+                host_fits=self.rlhf.host_fits,
+                device_fits=self.rlhf.device_fits,
+                host_bytes_per_node=self.rlhf.host_bytes_per_node,
             )
             out["memory"] = memory
             out["rlhf"] = self.rlhf.to_dict(self.time)

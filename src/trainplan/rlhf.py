@@ -47,6 +47,8 @@ from trainplan.memory import (
     CUDA_CONTEXT_BYTES,
     FRAGMENTATION_FRACTION,
     MemoryBreakdown,
+    host_bytes_per_node,
+    host_fits,
     logits_bytes,
     memory_breakdown,
 )
@@ -477,7 +479,9 @@ class RLHFEstimate:
     placement: str
     phases: dict[str, list[tuple[str, float]]]
     capacity_bytes: float
-    host_bytes: float
+    host_bytes: float  # per device: offloaded models and states (``memory.host_bytes_per_node`` × devices)
+    host_capacity_bytes_per_node: float | None
+    devices_on_node: int
     models: dict[str, float]  # resident bytes per model (weights or training states)
     rollout: Rollout | None
     time_terms: dict[str, float]  # the RL terms of timing.TimeBreakdown (terms.RLHF groups)
@@ -505,10 +509,27 @@ class RLHFEstimate:
         return self.peak_bytes * (1.0 + FRAGMENTATION_FRACTION) + CUDA_CONTEXT_BYTES
 
     @property
-    def fits(self) -> bool:
+    def host_fits(self) -> bool | None:
+        """What waits in host memory fits the server (``memory.host_fits``); ``None``: unknown host."""
+        if not self.host_bytes:
+            return True
+        if self.host_capacity_bytes_per_node is None:
+            return None
+        return bool(host_fits(self.host_bytes, self.devices_on_node, self.host_capacity_bytes_per_node))
+
+    @property
+    def device_fits(self) -> bool:
         return self.per_device_bytes <= self.capacity_bytes and (
             self.rollout is None or self.rollout.fits_one_sequence
         )
+
+    @property
+    def host_bytes_per_node(self) -> float:
+        return float(host_bytes_per_node(self.host_bytes, self.devices_on_node))
+
+    @property
+    def fits(self) -> bool:
+        return self.device_fits and self.host_fits is not False
 
     def reasons(self) -> list[str]:
         from trainplan.units import fmt_bytes
@@ -525,6 +546,12 @@ class RLHFEstimate:
             out.append(
                 f"needs {fmt_bytes(self.per_device_bytes)} per device > {fmt_bytes(self.capacity_bytes)} "
                 f"in the {self.peak_phase} phase ({self.placement}); largest terms: {named}"
+            )
+        if self.host_fits is False:
+            out.append(
+                f"keeps {fmt_bytes(self.host_bytes_per_node)} per server in host memory ({self.devices_on_node} device(s) × "
+                f"{fmt_bytes(self.host_bytes)}) > {fmt_bytes(float(self.host_capacity_bytes_per_node or 0))}; "
+                "keep models resident (--placement colocated), offload less, or give the server's --host-memory"
             )
         return out
 
@@ -560,6 +587,7 @@ class RLHFEstimate:
             "fits": self.fits,
             "capacity_bytes": self.capacity_bytes,
             "host_bytes": self.host_bytes,
+            "host_fits": self.host_fits,
             "models_bytes": dict(self.models),
             "phases": {p: {n: v for n, v in terms} for p, terms in self.phases.items()},
             "phase_bytes": {p: self.phase_bytes(p) for p in self.phases},
@@ -718,7 +746,15 @@ def estimate_rlhf(
         for own, name in trainers:
             phase = "training" if name.startswith("actor") else "critic training"
             phases[phase] = trained_phase(own, name)
-        host = resident_sum + actor_memory.host_bytes + (critic_mem.host_bytes if critic_mem else 0.0)
+        # Host memory: the resident models a phase does not load wait there; the largest such set.
+        loaded = {
+            "rollout": ("rollout engine weights", "rollout KV cache"),
+            "scoring": tuple(n for n in by_name if n.endswith("(frozen)")),
+            "training": ("actor training states",),
+            "critic training": ("critic training states",),
+        }
+        waiting = max(resident_sum - sum(by_name.get(n, 0.0) for n in loaded[p]) for p in phases)
+        host = waiting + actor_memory.host_bytes + (critic_mem.host_bytes if critic_mem else 0.0)
         notes.append(
             "offload-between-phases: each phase loads only its own models; the others wait in host "
             "memory (vLLM sleep mode, DeepSpeed / OpenRLHF sleep, verl param offload); reload time not counted"
@@ -767,6 +803,8 @@ def estimate_rlhf(
         phases=phases,
         capacity_bytes=cap,
         host_bytes=host,
+        host_capacity_bytes_per_node=system.host_memory_bytes_per_node,
+        devices_on_node=system.devices_on_a_node,
         models=by_name,
         rollout=ro,
         time_terms=terms,
