@@ -7,7 +7,8 @@ Every estimate falls in one **validation class**, the product of four named axes
                  amd, tpu, trainium, gaudi, cerebras; other NVIDIA generations are
                  ``nvidia-<generation>`` (no calibrated κ, no validated rows)
     stack        ``Recipe.stack``: megatron, pytorch
-    method       pre-train, full (full fine-tune), lora (LoRA and QLoRA)
+    method       pre-train, full (full fine-tune), lora (LoRA and QLoRA), rlhf (PPO, GRPO, DPO,
+                 reward models: never pooled with the others, see OWN_ROWS_ONLY)
     parallelism  data (data parallel, ZeRO 0-2, one device), zero-3 (fully sharded, no model
                  parallelism), model (tensor, pipeline or context parallel)
 
@@ -80,7 +81,15 @@ METHOD_CLASS: Final[dict[str, str]] = {
     "full": "full",
     "lora": "lora",
     "qlora": "lora",
+    "ppo": "rlhf",
+    "grpo": "rlhf",
+    "dpo": "rlhf",
+    "rm": "rlhf",
 }
+OWN_ROWS_ONLY: Final = frozenset({"rlhf"})
+"""Method classes that never borrow a band from other methods: an RL or preference step adds
+rollout, scoring and several models to the training step, so training rows say nothing about its
+error; without validated rows of its own it is uncalibrated."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,10 +108,15 @@ class ClassKey:
     def fallbacks(self) -> tuple[ClassKey, ...]:
         """This class, then the pooled classes in the documented fallback order."""
         f, s, m = self.family, self.stack, self.method
-        return (
+        own = (
             self,
             ClassKey(family=f, stack=s, method=m, parallelism="*"),
             ClassKey(family=f, stack="*", method=m, parallelism="*"),
+        )
+        if m in OWN_ROWS_ONLY:
+            return own
+        return (
+            *own,
             ClassKey(family=f, stack=s, method="*", parallelism="*"),
             ClassKey(family=f, stack="*", method="*", parallelism="*"),
         )

@@ -76,12 +76,21 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
             f"  {'paged optimizer (unified memory)':34s}{_fmt_size(mem.paged_optimizer_bytes, binary)}"
         )
     lines.append("")
+    if est.rlhf is not None:
+        lines += render_rlhf_memory(est, binary=binary)
     t = est.time
     lines.append(f"step time (busiest device, pipeline stage {t.stage}, {t.micro_batches} micro-batch(es)):")
     for name, value in t.terms():
         if value:
             lines.append(f"  {name:38s}{fmt_duration(value):>12s}  {100 * value / t.step_s:5.1f}%")
     lines.append(f"  {'step':38s}{fmt_duration(t.step_s):>12s}  {est.step_band.label()}")
+    if est.rlhf is not None:
+        split = est.rlhf.split_s(t)
+        lines.append(
+            f"  RL step split: {', '.join(f'{k} {fmt_duration(v)}' for k, v in split.items())}; "
+            f"{est.rlhf.tokens_per_step / t.step_s:,.0f} tokens/s (prompt + response tokens of the step's "
+            f"{est.rlhf.sequences} sequences per second)"
+        )
     thr = est.throughput
     lines.append(
         f"throughput: {thr.tokens_per_s:,.0f} tokens/s {est.step_band.label(inverse=True)} "
@@ -131,7 +140,18 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
             "the spread between the calibrated families (docs/validation.md)"
         )
     lines.append("")
-    if mem.fits:
+    if est.rlhf is not None:
+        rl = est.rlhf
+        if rl.fits:
+            free = rl.capacity_bytes - rl.per_device_bytes
+            lines.append(
+                f"FITS ({rl.placement}, peak in the {rl.peak_phase} phase): "
+                f"{100 * rl.per_device_bytes / rl.capacity_bytes:.0f}% of device memory, "
+                f"{free / (GiB if binary else GB):.2f} {unit} free"
+            )
+        else:
+            lines.append("DOES NOT FIT: " + "; ".join(rl.reasons()))
+    elif mem.fits:
         free = mem.capacity_bytes - mem.per_device_bytes
         lines.append(
             f"FITS: {100 * mem.per_device_bytes / mem.capacity_bytes:.0f}% of device memory, "
@@ -149,6 +169,38 @@ def _verdict_text(est: Estimate) -> str:
     cap = est.memory.capacity_bytes
     host = "; the offloaded states exceed the host memory" if est.memory.host_fits is False else ""
     return f"{est.fit_verdict} ({100 * low / cap:.0f}% … {100 * high / cap:.0f}% of device capacity{host})"
+
+
+def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
+    """The RL job's memory per device and per phase, every term named (``Estimate.rlhf``)."""
+    rl = est.rlhf
+    assert rl is not None
+    unit = "GiB" if binary else "GB"
+    lines = [
+        f"{rl.spec.method} memory per device, per phase ({rl.placement}; the table above is the "
+        f"actor's training step alone), {unit}:"
+    ]
+    for phase, terms in rl.phases.items():
+        mark = "  <- peak" if phase == rl.peak_phase else ""
+        lines.append(f"  {phase} phase: {_fmt_size(rl.phase_bytes(phase), binary).strip()}{mark}")
+        for name, value in terms:
+            if value:
+                lines.append(f"    {name:46s}{_fmt_size(value, binary)}")
+    lines.append(
+        f"  {'total at the peak (+ CUDA context, fragmentation)':48s}{_fmt_size(rl.per_device_bytes, binary)}"
+    )
+    if rl.host_bytes:
+        lines.append(f"  {'host memory (offloaded)':48s}{_fmt_size(rl.host_bytes, binary)}")
+    ro = rl.rollout
+    if ro is not None:
+        lines.append(
+            f"  rollout ({rl.spec.rollout_engine}): {ro.engines} engine(s), {ro.sequences_per_engine} sequences "
+            f"each, {ro.concurrent_sequences} at once ({ro.waves} wave(s)), KV budget "
+            f"{_fmt_size(ro.kv_budget_bytes, binary).strip()} {unit}, decode {ro.decode_bound}-bound "
+            f"({fmt_duration(ro.decode_step_s)} per token step)"
+        )
+    lines.append("")
+    return lines
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:

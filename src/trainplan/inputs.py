@@ -44,6 +44,11 @@ from trainplan.recipe import (
     OPTIMIZERS,
     PRECISIONS,
     RECOMPUTES,
+    RLHF_ACTORS,
+    RLHF_ENGINES,
+    RLHF_METHODS,
+    RLHF_PLACEMENTS,
+    RLHF_REFERENCES,
     STACKS,
     LoRASpec,
     Recipe,
@@ -52,7 +57,9 @@ from trainplan.recipe import (
 if TYPE_CHECKING:
     import argparse
 
-Group = Literal["input", "hardware", "layout", "recipe", "cost", "plan", "export", "verify", "run", "output"]
+Group = Literal[
+    "input", "hardware", "layout", "recipe", "rlhf", "cost", "plan", "export", "verify", "run", "output"
+]
 ValueType = type[int] | type[float] | type[str] | type[bool]
 
 # Planner settings. ``trainplan.planner.search`` has the same values (tests/test_inputs.py pins
@@ -487,6 +494,100 @@ RECIPE_FIELDS: Final = (
     ),
 )
 
+# --- RLHF and preference training (trainplan.rlhf; refused with other methods) -------------------
+RLHF_FIELDS: Final = (
+    Field(
+        name="actor",
+        group="rlhf",
+        choices=RLHF_ACTORS,
+        help="how ppo/grpo/dpo train the policy: full (default), or LoRA / QLoRA adapters "
+        "(--lora-rank, --lora-targets set them)",
+    ),
+    Field(
+        name="reward_model",
+        group="rlhf",
+        help="ppo/grpo reward model: a preset or config.json (default: the policy's architecture), "
+        "or 'none' for a rule-based reward",
+    ),
+    Field(
+        name="critic_model",
+        group="rlhf",
+        help="ppo critic: a preset or config.json (default: the reward model's architecture, "
+        "which initialises it)",
+    ),
+    Field(
+        name="reference",
+        group="rlhf",
+        choices=RLHF_REFERENCES,
+        help="reference policy: model (a frozen copy, default), precomputed (dpo log-probs), "
+        "none (grpo without KL), lora-base (the LoRA actor's frozen base, TRL/Unsloth)",
+    ),
+    Field(
+        name="group_size", group="rlhf", type=int, positive=True, help="grpo samples per prompt (default 1)"
+    ),
+    Field(
+        name="prompt_len",
+        group="rlhf",
+        type=int,
+        positive=True,
+        help="ppo/grpo prompt tokens (default: --seq-len minus --gen-len)",
+    ),
+    Field(
+        name="gen_len",
+        group="rlhf",
+        type=int,
+        positive=True,
+        help="ppo/grpo generated tokens per sequence (default: half of --seq-len)",
+    ),
+    Field(
+        name="rollout_tp",
+        group="rlhf",
+        type=int,
+        positive=True,
+        help="tensor-parallel size of each rollout engine (default 1; engines = devices / rollout-tp)",
+    ),
+    Field(
+        name="rollout_engine_mem_fraction",
+        group="rlhf",
+        type=float,
+        positive=True,
+        help="share of device memory the rollout engine takes for weights and KV cache "
+        "(vLLM gpu_memory_utilization; default 0.3, TRL's colocated default)",
+    ),
+    Field(
+        name="rollout_concurrency",
+        group="rlhf",
+        type=int,
+        positive=True,
+        help="most sequences an engine generates at once (vLLM max_num_seqs, HF generate micro-batch; "
+        "default: what the KV budget holds)",
+    ),
+    Field(
+        name="rollout_engine",
+        group="rlhf",
+        choices=RLHF_ENGINES,
+        help="vllm (own weight copy, default), hybrid (the trainer's weights gathered into the engine "
+        "layout: DeepSpeed Hybrid Engine, verl), trainer (HF generate in the training layout, per-step "
+        "ZeRO-3 gathers: OpenRLHF without vLLM, DeepSpeed-Chat without the Hybrid Engine)",
+    ),
+    Field(
+        name="train_batch",
+        group="rlhf",
+        type=int,
+        positive=True,
+        help="sequences (ppo/grpo) or pairs (dpo/rm) per optimizer update; the step's batch is cut "
+        "into several updates (OpenRLHF --train_batch_size; default: one update per step)",
+    ),
+    Field(
+        name="placement",
+        group="rlhf",
+        choices=RLHF_PLACEMENTS,
+        help="colocated (every model resident on all devices, default), offload-between-phases "
+        "(each phase loads its own models: vLLM/DeepSpeed sleep), disaggregated (refused: not modelled)",
+    ),
+)
+"""The RLHF settings of ``estimate`` (:func:`trainplan.api.rlhf_spec` builds them)."""
+
 # --- cost -----------------------------------------------------------------------------------------
 COST_FIELDS: Final = (
     Field(
@@ -715,7 +816,14 @@ def open_for_search(fields: Iterable[Field]) -> tuple[Field, ...]:
     return tuple(dataclasses.replace(f, default=None) if f.searchable else f for f in fields)
 
 
-ESTIMATE_FIELDS: Final = (*SYSTEM_FIELDS, *LAYOUT_FIELDS, *RECIPE_FIELDS, *COST_FIELDS, *GOODPUT_FIELDS)
+ESTIMATE_FIELDS: Final = (
+    *SYSTEM_FIELDS,
+    *LAYOUT_FIELDS,
+    *RECIPE_FIELDS,
+    *RLHF_FIELDS,
+    *COST_FIELDS,
+    *GOODPUT_FIELDS,
+)
 """The layout, recipe and cost fields of ``estimate`` (the keywords of :func:`trainplan.estimate`)."""
 PLAN_FIELDS: Final = (
     PLAN_HARDWARE,
@@ -781,7 +889,13 @@ def all_fields() -> tuple[Field, ...]:
     return _distinct(COMMANDS)
 
 
-GROUP_TITLES: Final[dict[Group, str]] = {"layout": "layout", "recipe": "recipe", "cost": "cost", "run": "run"}
+GROUP_TITLES: Final[dict[Group, str]] = {
+    "layout": "layout",
+    "recipe": "recipe",
+    "rlhf": "rlhf (ppo, grpo, dpo, rm)",
+    "cost": "cost",
+    "run": "run",
+}
 
 
 # --- argparse -------------------------------------------------------------------------------------
@@ -898,9 +1012,13 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
             targets=tuple(t.strip() for t in targets.split(",")) if targets else LORA_TARGETS,
             double_quant=not values.get("no_double_quant", False),
         )
-    elif rank is not None or targets:
+    elif (rank is not None or targets) and (
+        method not in RLHF_METHODS or values.get("actor") not in ("lora", "qlora")
+    ):
         raise TrainplanError(
-            "lora_rank", f"--lora-rank/--lora-targets need --method lora or qlora, not {method}"
+            "lora_rank",
+            f"--lora-rank/--lora-targets need --method lora or qlora (or an RLHF method with "
+            f"--actor lora), not {method}",
         )
     return Recipe(
         method=method,
@@ -921,6 +1039,19 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         paged_optimizer=values.get("paged_optimizer", False),
         recompute_early_stop=values.get("recompute_early_stop", False),
         stack=values["stack"],
+    )
+
+
+def build_lora(values: Mapping[str, Any]) -> LoRASpec:
+    """The adapters ``lora_rank``, ``lora_targets`` and ``no_double_quant`` describe (alpha = 2r)."""
+    rank = values.get("lora_rank")
+    rank = rank if rank is not None else _default(LoRASpec, "rank")
+    targets = values.get("lora_targets")
+    return LoRASpec(
+        rank=rank,
+        alpha=2.0 * rank,
+        targets=tuple(t.strip() for t in targets.split(",")) if targets else LORA_TARGETS,
+        double_quant=not values.get("no_double_quant", False),
     )
 
 

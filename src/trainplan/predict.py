@@ -20,6 +20,7 @@ and the prediction bands of :mod:`trainplan.bands` (``[low, high]``, absolute va
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from trainplan.bands import Band, FitVerdict, fit_verdict, memory_band, step_band
@@ -32,7 +33,17 @@ from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Recipe
+from trainplan.rlhf import (
+    RLHFEstimate,
+    RLHFSpec,
+    estimate_rlhf,
+    is_rlhf,
+    seq_lengths,
+    update_recipe,
+    updates_per_step,
+)
 from trainplan.sharding import device_params
+from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
 from trainplan.timing import Throughput, TimeBreakdown, step_time, throughput
 
 
@@ -68,10 +79,14 @@ class Estimate:
     run: RunCost
     step_band: Band  # of step time; also tokens/s (inverted), run time and cost
     memory_band: Band  # of the peak memory per device
+    rlhf: RLHFEstimate | None = None
+    """PPO / GRPO / DPO / reward-model training: memory per phase and the RL step's terms
+    (:mod:`trainplan.rlhf`). Then ``memory`` is the actor's own training step, ``time`` the whole
+    RL step (its RL terms filled in) and ``feasible`` the RL job's fit."""
 
     @property
     def feasible(self) -> bool:
-        return self.memory.fits
+        return self.rlhf.fits if self.rlhf is not None else self.memory.fits
 
     @property
     def fit_verdict(self) -> FitVerdict:
@@ -94,11 +109,11 @@ class Estimate:
         }
 
     def reasons(self) -> list[str]:
-        return self.memory.reasons()
+        return self.rlhf.reasons() if self.rlhf is not None else self.memory.reasons()
 
     def to_dict(self) -> dict[str, object]:
         """Stable JSON keys (docs/cli.md); more may be added, none change meaning."""
-        return {
+        out = {
             "hardware": self.system.accelerator.name,
             "devices": self.system.num_devices,
             "system": self.system.to_dict(),
@@ -122,6 +137,22 @@ class Estimate:
             "feasible": self.feasible,
             "reasons": self.reasons(),
         }
+        if self.rlhf is not None:
+            memory = dict(self.memory.to_dict())
+            memory["actor_training_bytes"] = memory["per_device_bytes"]
+            memory.update(
+                per_device_bytes=self.rlhf.per_device_bytes,
+                fits=self.rlhf.fits,
+                peak_bytes=self.rlhf.peak_bytes,
+                peak_phase=self.rlhf.peak_phase,
+                host_bytes=self.rlhf.host_bytes,
+                host_fits=self.rlhf.host_fits,
+                device_fits=self.rlhf.device_fits,
+                host_bytes_per_node=self.rlhf.host_bytes_per_node,
+            )
+            out["memory"] = memory
+            out["rlhf"] = self.rlhf.to_dict(self.time)
+        return out
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
@@ -206,11 +237,16 @@ def estimate(
     provider: str | None = None,
     pue: float = DEFAULT_PUE,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
+    rlhf: RLHFSpec | None = None,
 ) -> Estimate:
     """Predict memory, step time, throughput and run cost of one training configuration.
 
     ``reliability``: interruptions and checkpoints of a long run (goodput.py); ``None`` leaves
-    them out (the run's time is its steps alone)."""
+    them out (the run's time is its steps alone).
+
+    PPO, GRPO, DPO and ``rm`` are RL / preference steps (:mod:`trainplan.rlhf`): ``rlhf`` gives
+    their models and rollout (default: every model the policy's architecture, the sequence split
+    half prompt, half generation)."""
     if layout.num_devices != system.num_devices:
         raise TrainplanError(
             "devices",
@@ -219,6 +255,10 @@ def estimate(
         )
     layout.check_model(model)
     check_precision(system, recipe)
+    spec = rlhf_spec(model, recipe, rlhf)
+    policy_recipe = recipe
+    if spec is not None:
+        recipe = update_recipe(recipe, spec, layout)
     nmb = layout.check_batch(
         seq_len=recipe.seq_len, micro_batch=recipe.micro_batch, global_batch=recipe.global_batch
     )
@@ -239,7 +279,44 @@ def estimate(
         devices_on_node=system.devices_on_a_node,
     )
     time = step_time(system, model, recipe, layout, memory=mem)
+    rl: RLHFEstimate | None = None
+    if spec is not None:
+        rl = estimate_rlhf(
+            system,
+            model,
+            policy_recipe,
+            layout,
+            spec,
+            actor_memory=mem,
+            actor_time=time,
+            num_microbatches=nmb,
+        )
+        t = rl.time_terms
+        n = updates_per_step(policy_recipe, spec, layout)
+        scaled = {k.key: n * getattr(time, k.key) for k in TIME_TERMS if k.key not in RLHF_TERM_KEYS}
+        time = dataclasses.replace(
+            time,
+            **scaled,
+            compute_s=n * time.compute_s,
+            rollout_prefill_s=t["rollout_prefill_s"],
+            rollout_decode_s=t["rollout_decode_s"],
+            scoring_s=t["scoring_s"],
+            critic_update_s=t["critic_update_s"],
+            weight_sync_s=t["weight_sync_s"],
+            notes=(*time.notes, *rl.notes),
+        )
     thr = throughput(system, model, recipe, layout, time)
+    if rl is not None:
+        thr = dataclasses.replace(
+            thr,
+            model_flops_per_step=rl.model_flops_per_step,
+            hardware_flops_per_step=thr.hardware_flops_per_step
+            + rl.model_flops_per_step
+            - thr.model_flops_per_step,
+            hfu=(thr.hardware_flops_per_step + rl.model_flops_per_step - thr.model_flops_per_step)
+            / (system.num_devices * thr.peak_flops_per_s * time.step_s),
+            mfu=rl.model_flops_per_step / (system.num_devices * thr.peak_flops_per_s * time.step_s),
+        )
     run = run_cost(
         system,
         time,
@@ -254,7 +331,7 @@ def estimate(
     return Estimate(
         system=system,
         model=model,
-        recipe=recipe,
+        recipe=policy_recipe,
         layout=layout,
         summary=summary,
         memory=mem,
@@ -262,6 +339,38 @@ def estimate(
         time=time,
         throughput=thr,
         run=run,
-        step_band=step_band(system.accelerator, recipe, layout),
-        memory_band=memory_band(system.accelerator, recipe, layout),
+        step_band=step_band(system.accelerator, policy_recipe, layout),
+        memory_band=memory_band(system.accelerator, policy_recipe, layout),
+        rlhf=rl,
+    )
+
+
+def rlhf_spec(model: ModelSpec, recipe: Recipe, given: RLHFSpec | None) -> RLHFSpec | None:
+    """The RL job of an RLHF method: ``given``, else every model the policy's architecture and the
+    sequence half prompt, half generation. RLHF settings with another method are an error."""
+    if not is_rlhf(recipe.method):
+        if given is not None:
+            raise RecipeError(
+                "method", f"RLHF settings given but the method is {recipe.method}; use ppo, grpo, dpo or rm"
+            )
+        return None
+    if given is not None:
+        if given.method != recipe.method:
+            raise RecipeError(
+                "method", f"the RLHF settings are for {given.method}, the recipe for {recipe.method}"
+            )
+        if given.prompt_len + given.gen_len not in (0, recipe.seq_len):
+            raise RecipeError(
+                "seq_len",
+                f"prompt + generation = {given.prompt_len + given.gen_len} tokens but the sequence is "
+                f"{recipe.seq_len}; give --seq-len {given.prompt_len + given.gen_len}",
+            )
+        return given
+    prompt, gen = seq_lengths(recipe.method, recipe.seq_len, None, None)
+    return RLHFSpec(
+        method=recipe.method,
+        reward_model=model if recipe.method in ("ppo", "grpo") else None,
+        reference="none" if recipe.method == "rm" else "model",
+        prompt_len=prompt,
+        gen_len=gen,
     )

@@ -23,7 +23,8 @@ from typing import Final, Literal, get_args
 
 from trainplan.errors import RecipeError
 
-Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "ppo", "grpo"]
+Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "ppo", "grpo", "rm"]
+"""``dpo``, ``ppo``, ``grpo`` and ``rm`` (reward-model training) are modelled by :mod:`trainplan.rlhf`."""
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
 Optimizer = Literal["adamw", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion"]
 Recompute = Literal["none", "selective", "full", "sac"]
@@ -34,6 +35,18 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 # Transformer Engine's fused kernels; "pytorch" — stacks built on PyTorch's own modules and
 # FSDP (torchtitan, torchtune, llm-foundry / Composer, Accelerate, plain FSDP2 / DDP).
 Stack = Literal["megatron", "pytorch"]
+
+# RLHF / preference training (trainplan.rlhf): how the actor is trained, where its reference comes
+# from, and how the models share the devices.
+RLHFActor = Literal["full", "lora", "qlora"]
+RLHFReference = Literal["model", "precomputed", "none", "lora-base"]
+RLHFPlacement = Literal["colocated", "offload-between-phases", "disaggregated"]
+RolloutEngine = Literal["vllm", "hybrid", "trainer"]
+RLHF_METHODS: Final = ("ppo", "grpo", "dpo", "rm")
+RLHF_ENGINES: Final = get_args(RolloutEngine)
+RLHF_ACTORS: Final = get_args(RLHFActor)
+RLHF_REFERENCES: Final = get_args(RLHFReference)
+RLHF_PLACEMENTS: Final = get_args(RLHFPlacement)
 
 METHODS: Final = get_args(Method)
 PRECISIONS: Final = get_args(Precision)

@@ -13,7 +13,14 @@ communication      collectives on the critical path after overlap
 bubble             pipeline fill and drain
 optimizer          gradient accumulation and the optimizer update on the device
 offload            host-link transfers and the CPU optimizer step
+rollout            RLHF generation: prefill and decode of the rollout engine
+scoring            RLHF forwards before the update (reference, reward, critic, old policy)
+critic             PPO's critic update (the actor's update is the terms above)
+sync               RLHF weight sync from the trainer to the rollout engine
 =================  ==============================================================
+
+The last four groups are 0 for a training step; ``rlhf.estimate_rlhf`` fills them for PPO, GRPO,
+DPO and reward-model training.
 
 No dependency: the web page and the plots import it without the model.
 """
@@ -23,7 +30,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-TermGroup = Literal["compute", "communication", "bubble", "optimizer", "offload"]
+TermGroup = Literal[
+    "compute", "communication", "bubble", "optimizer", "offload", "rollout", "scoring", "critic", "sync"
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,10 +118,58 @@ TIME_TERMS: Final[tuple[Term, ...]] = (
         group="offload",
         source="Ren et al. 2021 (ZeRO-Offload) Sec. 5; Rajbhandari et al. 2021 (ZeRO-Infinity)",
     ),
+    Term(
+        key="rollout_prefill_s",
+        label="rollout prefill",
+        group="rollout",
+        source="roofline (Williams et al. 2009) of the prompt forward FLOPs; rlhf.rollout",
+    ),
+    Term(
+        key="rollout_decode_s",
+        label="rollout decode",
+        group="rollout",
+        source="(weights + KV-cache bytes) / HBM bandwidth per decode step (Pope et al. 2022 Sec. 2-3); rlhf.rollout",
+    ),
+    Term(
+        key="scoring_s",
+        label="scoring forwards (ref, reward, critic, old policy)",
+        group="scoring",
+        source="forward term of timing.step_time per scored model (Ouyang et al. 2022; OpenRLHF make_experience)",
+    ),
+    Term(
+        key="critic_update_s",
+        label="critic update",
+        group="critic",
+        source="timing.step_time of the critic's training step (PPO, Schulman et al. 2017)",
+    ),
+    Term(
+        key="weight_sync_s",
+        label="weight sync (trainer to rollout engine)",
+        group="sync",
+        source="ring all-gather of the engine shard over the scale-up link (Thakur et al. 2005); rlhf.weight_sync_s",
+    ),
 )
 """The step-time terms in the order ``step_s`` adds them."""
 
-TERM_GROUPS: Final[tuple[TermGroup, ...]] = ("compute", "communication", "bubble", "optimizer", "offload")
+TERM_GROUPS: Final[tuple[TermGroup, ...]] = (
+    "compute",
+    "communication",
+    "bubble",
+    "optimizer",
+    "offload",
+    "rollout",
+    "scoring",
+    "critic",
+    "sync",
+)
+RLHF_TERM_KEYS: Final = (
+    "rollout_prefill_s",
+    "rollout_decode_s",
+    "scoring_s",
+    "critic_update_s",
+    "weight_sync_s",
+)
+"""The terms only an RLHF step has (0 in a training step)."""
 
 BY_KEY: Final[dict[str, Term]] = {t.key: t for t in TIME_TERMS}
 BY_LABEL: Final[dict[str, Term]] = {t.label: t for t in TIME_TERMS}
@@ -126,4 +183,13 @@ def group_of(label_or_key: str) -> TermGroup:
     return term.group
 
 
-__all__ = ["BY_KEY", "BY_LABEL", "TERM_GROUPS", "TIME_TERMS", "Term", "TermGroup", "group_of"]
+__all__ = [
+    "BY_KEY",
+    "BY_LABEL",
+    "RLHF_TERM_KEYS",
+    "TERM_GROUPS",
+    "TIME_TERMS",
+    "Term",
+    "TermGroup",
+    "group_of",
+]

@@ -68,7 +68,7 @@ from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, all_true, as_float, maximum, total, where
 from trainplan.recipe import OFFLOADS, Recipe, fp32_main_grad, reruns_forward_hooks
-from trainplan.terms import TIME_TERMS
+from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
 
 FLASH_ATTENTION_EFFICIENCY: Final[dict[str, float]] = {
     "ampere": 0.60,
@@ -195,6 +195,12 @@ class TimeBreakdown:
     gemm_efficiency: float  # FLOP-weighted η_gemm of the stage's GEMMs
     kappa: float  # training-stack factor applied to compute (1 = uncalibrated)
     grad_accum_s: float = 0.0  # summing the micro-batches' gradients outside the GEMMs
+    # RLHF terms (terms.RLHF_TERM_KEYS): 0 for a training step, filled by rlhf.estimate_rlhf
+    rollout_prefill_s: float = 0.0
+    rollout_decode_s: float = 0.0
+    scoring_s: float = 0.0
+    critic_update_s: float = 0.0
+    weight_sync_s: float = 0.0
     collectives: tuple[Collective, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -605,6 +611,7 @@ def step_terms(x: StepInputs) -> dict[str, Num]:
         "grad_accum_s": x.grad_accum_bytes / x.hbm_bytes_per_s,
         "optimizer_s": optimizer_s,
         "offload_s": offload_s,
+        **dict.fromkeys(RLHF_TERM_KEYS, 0.0),
     }
     out["step_s"] = total(out[t.key] for t in TIME_TERMS)
     out["compute_s"] = mf * (x.t_f + x.t_b + x.t_r)

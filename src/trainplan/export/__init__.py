@@ -25,7 +25,7 @@ from trainplan.errors import TrainplanError
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Recipe
+from trainplan.recipe import RLHF_METHODS, Recipe
 
 __all__ = ["TARGETS", "ExportResult", "export_plan"]
 
@@ -66,6 +66,13 @@ def export_plan(
     renderers = _renderers()
     if target not in renderers:
         raise TrainplanError("to", f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
+    if recipe.method in RLHF_METHODS:
+        raise TrainplanError(
+            "method",
+            f"{target} runs the training step of one model; {recipe.method} also needs "
+            "its reference, reward or critic models (and for ppo / grpo a rollout engine): run it with TRL, OpenRLHF or verl "
+            f"(`trainplan estimate --method {recipe.method}` sizes its memory and step)",
+        )
     render, filename = renderers[target]
     text, warnings = render(system, model, recipe, layout)
     if recipe.stack != "pytorch":

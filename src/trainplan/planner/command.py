@@ -29,7 +29,7 @@ from trainplan.planner.search import (
     compare,
     plan,
 )
-from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, Recipe
+from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, RLHF_METHODS, Recipe
 from trainplan.units import fmt_bytes, fmt_duration
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
@@ -72,6 +72,13 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
     """The fixed recipe and the search space the fields describe: a searchable field left open
     (``None``) is searched, the recipe holds its estimate default meanwhile."""
     recipe = build_recipe(fill_defaults(values, RECIPE_FIELDS))
+    if recipe.method in RLHF_METHODS:
+        raise TrainplanError(
+            "method",
+            f"plan and compare search the layouts of one model's training step; a {recipe.method} step "
+            "adds a rollout, reference, reward and critic models they do not search: size each candidate "
+            f"with `trainplan estimate --method {recipe.method}` (memory per phase, RL step time)",
+        )
     if values["precision"] is not None:
         precisions: tuple[str, ...] = (values["precision"],)
     else:

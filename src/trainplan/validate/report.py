@@ -102,23 +102,30 @@ def validate_memory_dataset(name: str) -> DatasetResult:
 
 
 def run_all(names: list[str] | None = None) -> list[DatasetResult]:
+    from trainplan.validate.rlhf import RLHF_DATASETS, validate_rlhf_dataset
+
     out = []
-    for name in (*TIMING_DATASETS, *MEMORY_DATASETS):
+    for name in (*TIMING_DATASETS, *MEMORY_DATASETS, *RLHF_DATASETS):
         if names and name not in names:
             continue
-        res = validate_memory_dataset(name) if name in MEMORY_DATASETS else validate_dataset(name)
+        if name in RLHF_DATASETS:
+            res = validate_rlhf_dataset(name)
+        elif name in MEMORY_DATASETS:
+            res = validate_memory_dataset(name)
+        else:
+            res = validate_dataset(name)
         if res.rows:
             out.append(res)
     return out
 
 
 def _target(name: str) -> str:
-    t = REGISTRY[name].target
+    t = REGISTRY[name].target if name in REGISTRY else None
     return "—" if t is None else f"{100 * t:.0f}%"
 
 
 def _target_note(res: DatasetResult) -> str:
-    t = REGISTRY[res.name].target
+    t = REGISTRY[res.name].target if res.name in REGISTRY else None
     if t is None or res.mape is None:
         return ""
     return " (target met)" if res.mape <= t else " (target not met)"

@@ -172,13 +172,28 @@ def estimate_payload(est: Any) -> dict[str, object]:
     """
     out = dict(est.to_dict())
     out["terms"] = {
-        "memory": [{"name": n, "bytes": float(v)} for n, v in est.memory.terms()],
+        "memory": [{"name": n, "bytes": float(v)} for n, v in memory_terms(est)],
         "time": [
             {"name": t.label, "key": t.key, "s": float(getattr(est.time, t.key)), "group": t.group}
             for t in TIME_TERMS
         ],
     }
     return out
+
+
+def memory_terms(est: Any) -> list[tuple[str, float]]:
+    """The visible sum of ``memory.per_device_bytes``: the training step's terms, or for an RLHF
+    method the peak phase's terms (every model named) with the CUDA context and fragmentation."""
+    rl = est.rlhf
+    if rl is None:
+        return list(est.memory.terms())
+    from trainplan.memory import CUDA_CONTEXT_BYTES, FRAGMENTATION_FRACTION
+
+    return [
+        *((f"{rl.peak_phase}: {n}", v) for n, v in rl.phases[rl.peak_phase]),
+        ("CUDA context / runtime", CUDA_CONTEXT_BYTES),
+        ("allocator fragmentation", FRAGMENTATION_FRACTION * rl.peak_bytes),
+    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +206,7 @@ class EstimateInputs:
     provider: str | None
     pue: float
     reliability: Any = None
+    rlhf: Any = None
 
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
@@ -201,6 +217,9 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
     values = read_fields(obj, estimate_flags(), (*MODEL_FIELDS, *HARDWARE_FIELDS))
     model = model_from_body(obj)
     acc = accelerator if accelerator is not None else _accelerator(obj.get("hardware"))
+    from trainplan.api import rlhf_spec
+
+    recipe = inputs.build_recipe(values)
     return EstimateInputs(
         system=System(
             accelerator=acc,
@@ -208,12 +227,13 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
             host_memory_bytes_per_node=inputs.host_memory_bytes(values),
         ),
         model=model,
-        recipe=inputs.build_recipe(values),
+        recipe=recipe,
         layout=inputs.build_layout(values),
         price=values["price"],
         provider=values["provider"],
         pue=values["pue"],
         reliability=inputs.build_reliability(values),
+        rlhf=rlhf_spec(values, model, recipe),
     )
 
 
@@ -229,6 +249,7 @@ def _run_estimate(inp: EstimateInputs) -> Any:
         provider=inp.provider,
         pue=inp.pue,
         reliability=inp.reliability,
+        rlhf=inp.rlhf,
     )
 
 

@@ -52,6 +52,10 @@ TIME_COLORS: Final = {
     "bubble": ("#9aa1ab",),
     "optimizer": ("#2e9b5f",),
     "offload": ("#8e5fd1",),
+    "rollout": ("#c0392b", "#e57368"),
+    "scoring": ("#b7950b",),
+    "critic": ("#17a2b8",),
+    "sync": ("#6d4c41",),
 }
 
 

@@ -30,9 +30,11 @@
     compute: ["#1f5fbf", "#4f86d9", "#8fb3ea"],
     communication: ["#e0701f", "#f09a4f", "#f6bd86", "#c85a12", "#f8d3ae"],
     bubble: ["#9aa1ab"], optimizer: ["#2e9b5f", "#7cc79f"], offload: ["#8e5fd1"],
+    rollout: ["#c0392b", "#e57368"], scoring: ["#b7950b"], critic: ["#17a2b8"], sync: ["#6d4c41"],
   };
   const GROUP_NAMES = { compute: "compute", communication: "exposed communication", bubble: "pipeline bubble",
-    optimizer: "optimizer step, gradient accumulation", offload: "offload" };
+    optimizer: "optimizer step, gradient accumulation", offload: "offload", rollout: "RL rollout (generation)",
+    scoring: "RL scoring forwards", critic: "PPO critic update", sync: "RL weight sync" };
 
   const state = { schema: null, planSchema: null, fields: [], planFields: [], config: null, configName: "",
     hardware: [], seq: 0, timer: null, lastEstimate: null };

@@ -1,0 +1,836 @@
+"""RLHF and preference training: PPO, GRPO, DPO and reward-model training, colocated on one set of devices.
+
+An RL step (PPO, GRPO) has three phases on the same devices, as DeepSpeed-Chat, OpenRLHF
+(``--colocate_all_models``), verl and TRL (vLLM ``colocate``) run it:
+
+* **rollout** — an inference engine (vLLM / DeepSpeed-Inference) generates ``gen_len`` tokens for
+  each of ``prompts × group_size`` sequences: a prefill of the prompt (FLOPs-bound) and
+  ``gen_len`` decode steps (bound by the engine's weight and KV-cache bytes over HBM bandwidth at
+  the number of sequences its KV budget holds at once);
+* **scoring** — forward passes over prompt + response: the old policy (log-probs), the frozen
+  reference (KL), the frozen reward model and the critic (values);
+* **training** — the actor's (and PPO's critic's) update through the training model of
+  ``memory.py`` / ``timing.py``, then the weight sync from trainer to rollout engine.
+
+DPO (Rafailov et al. 2023, Eq. 7) has no rollout: each preference pair is a chosen and a rejected
+sequence, both run through the policy (TRL ``DPOTrainer.concatenated_forward`` concatenates them:
+the batch doubles) and, unless its log-probs are precomputed or the policy is LoRA on a frozen
+base, through the reference. ``rm`` trains a reward model on pairs (Ouyang et al. 2022, Eq. 1):
+chosen + rejected, the batch doubles, no reference.
+
+Memory per device is a sum of named terms per phase. With ``placement="colocated"`` every model
+stays resident, so every phase holds all of them (peak = the resident sum plus the largest phase's
+own transients); with ``"offload-between-phases"`` each phase holds only its own models (vLLM
+sleep mode, DeepSpeed / OpenRLHF ``--deepspeed_enable_sleep``, verl ``param_offload``), so the peak
+is the largest phase. Disaggregated placement (a device group per model) is refused.
+
+Sources: DeepSpeed-Chat (Yao et al. 2023, arXiv:2308.01320, Sec. 4 Hybrid Engine); OpenRLHF (Hu et
+al. 2024, arXiv:2405.11143, Sec. 3); vLLM (Kwon et al. 2023, Sec. 4: PagedAttention KV cache,
+``gpu_memory_utilization``); GRPO (Shao et al. 2024, arXiv:2402.03300, Sec. 4.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Final
+
+from trainplan.comm import domain_size, network_from_system, place_group
+from trainplan.dtypes import BYTES_PER_ELEMENT
+from trainplan.efficiency import get_efficiency
+from trainplan.errors import RecipeError
+from trainplan.flops import step_flops, step_sequences
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.memory import (
+    CUDA_CONTEXT_BYTES,
+    FRAGMENTATION_FRACTION,
+    MemoryBreakdown,
+    host_bytes_per_node,
+    host_fits,
+    logits_bytes,
+    memory_breakdown,
+)
+from trainplan.models.params import count_params
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import (
+    RLHF_ACTORS,
+    RLHF_ENGINES,
+    RLHF_METHODS,
+    RLHF_PLACEMENTS,
+    RLHF_REFERENCES,
+    LoRASpec,
+    Recipe,
+    RLHFActor,
+    RLHFPlacement,
+    RLHFReference,
+    RolloutEngine,
+)
+from trainplan.timing import TimeBreakdown, recipe_peaks, step_time
+
+ROLLOUT_METHODS: Final = ("ppo", "grpo")
+PAIR_METHODS: Final = ("dpo", "rm")
+
+Reference = RLHFReference
+Placement = RLHFPlacement
+ActorTraining = RLHFActor
+REFERENCES: Final = RLHF_REFERENCES
+PLACEMENTS: Final = RLHF_PLACEMENTS
+ACTOR_TRAININGS: Final = RLHF_ACTORS
+ROLLOUT_ENGINES: Final = RLHF_ENGINES
+
+DEFAULT_ENGINE_MEM_FRACTION: Final = 0.3
+"""TRL's default ``vllm_gpu_memory_utilization`` for a vLLM engine colocated with training
+(``trl/trainer/grpo_config.py``): the share of device memory the engine takes for its weights and
+KV cache (vLLM ``gpu_memory_utilization``, whose own default, 0.9, leaves no room for training)."""
+
+RUNTIMES: Final = "TRL, OpenRLHF or verl"
+
+
+def is_rlhf(method: str) -> bool:
+    return method in RLHF_METHODS
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLHFSpec:
+    """The models and the rollout of one RLHF / preference-training job.
+
+    ``reward_model``: the frozen reward model's architecture (``None``: a rule-based reward, PPO
+    and GRPO only). ``critic_model``: PPO's value model, initialised from the reward model by
+    default (DeepSpeed-Chat step 3, OpenRLHF ``--critic_pretrain`` = the reward model).
+    ``reference``: ``model`` (a frozen copy), ``precomputed`` (DPO: TRL
+    ``precompute_ref_log_probs``), ``none`` (GRPO without a KL term), ``lora-base`` (the LoRA
+    actor's frozen base with the adapters disabled, TRL / Unsloth: no second copy, a forward
+    still). ``group_size``: GRPO samples per prompt. The training sequence is ``prompt_len +
+    gen_len`` tokens. ``rollout_tp``: tensor-parallel size of each rollout engine (engines =
+    devices / rollout_tp). ``rollout_engine_mem_fraction``: vLLM ``gpu_memory_utilization``.
+    ``rollout_concurrency``: most sequences an engine generates at once (HF ``generate`` micro
+    batch; ``None`` = as many as the KV budget holds, continuous batching).
+    ``rollout_engine``: ``vllm`` — an inference engine with its own weight copy in its TP layout
+    (OpenRLHF / TRL / verl with vLLM); ``hybrid`` — the trainer's weights gathered once per rollout
+    into the engine's layout (DeepSpeed Hybrid Engine, verl 3D-HybridEngine, Unsloth's shared
+    weights); ``trainer`` — Hugging Face ``generate`` on the training engine's module (OpenRLHF
+    without vLLM, DeepSpeed-Chat with the Hybrid Engine off): in the training layout, and under
+    ZeRO-3 every decode step gathers the sharded weights again (DeepSpeed stage-3 forward hooks).
+    """
+
+    method: str
+    actor: ActorTraining = "full"
+    lora: LoRASpec | None = None
+    reward_model: ModelSpec | None = None
+    critic_model: ModelSpec | None = None
+    reference: Reference = "model"
+    group_size: int = 1
+    prompt_len: int = 0
+    gen_len: int = 0
+    rollout_tp: int = 1
+    rollout_engine_mem_fraction: float = DEFAULT_ENGINE_MEM_FRACTION
+    rollout_concurrency: int | None = None
+    rollout_engine: RolloutEngine = "vllm"
+    placement: Placement = "colocated"
+    train_batch: int | None = None
+    """Sequences (PPO, GRPO) or pairs (DPO, RM) per optimizer update; the step's batch is cut into
+    ``global_batch × group_size / train_batch`` updates (OpenRLHF ``--train_batch_size``, TRL
+    ``num_mini_batches``, torchtune ``ppo_batch_size``). ``None``: one update per step."""
+
+    def __post_init__(self) -> None:
+        m = self.method
+        if m not in RLHF_METHODS:
+            raise RecipeError("method", f"{m!r} is not an RLHF method ({', '.join(RLHF_METHODS)})")
+        if self.placement == "disaggregated":
+            raise RecipeError(
+                "placement",
+                "disaggregated placement (own device groups per model, OpenRLHF Ray / NeMo RL) is not "
+                "modelled; use colocated or offload-between-phases on the same devices",
+            )
+        if self.actor != "full" and self.lora is None:
+            object.__setattr__(self, "lora", LoRASpec())
+        if self.actor == "full" and self.lora is not None:
+            raise RecipeError("lora_rank", "LoRA settings given for a fully trained actor; use --actor lora")
+        if self.reference == "precomputed" and m != "dpo":
+            raise RecipeError(
+                "reference", f"precomputed reference log-probs are a DPO option, not {m}: use model or none"
+            )
+        if self.reference == "none" and m not in ("grpo", "rm"):
+            raise RecipeError(
+                "reference",
+                f"{m} needs a reference (its KL penalty or its loss reads it); use none with grpo only",
+            )
+        if self.reference == "lora-base" and self.actor == "full":
+            raise RecipeError("reference", "lora-base needs a LoRA actor (--actor lora or qlora)")
+        if m == "rm" and self.reference != "none":
+            raise RecipeError("reference", "reward-model training has no reference policy; drop --reference")
+        if m == "rm" and self.placement != "colocated":
+            raise RecipeError(
+                "placement", "reward-model training is one model in one phase; drop --placement"
+            )
+        if m == "rm" and self.actor != "full":
+            raise RecipeError("actor", "reward-model training trains the whole model here; use --actor full")
+        if m not in ROLLOUT_METHODS:
+            for name, value, default in (
+                ("group_size", self.group_size, 1),
+                ("rollout_tp", self.rollout_tp, 1),
+                (
+                    "rollout_engine_mem_fraction",
+                    self.rollout_engine_mem_fraction,
+                    DEFAULT_ENGINE_MEM_FRACTION,
+                ),
+                ("rollout_concurrency", self.rollout_concurrency, None),
+                ("rollout_engine", self.rollout_engine, "vllm"),
+                ("gen_len", self.gen_len, 0),
+            ):
+                if value != default:
+                    raise RecipeError(name, f"{m} has no rollout; drop --{name.replace('_', '-')}")
+        if m in PAIR_METHODS and self.reward_model is not None:
+            raise RecipeError("reward_model", f"{m} uses no reward model; drop --reward-model")
+        if m != "ppo" and self.critic_model is not None:
+            raise RecipeError("critic_model", f"{m} has no critic (PPO only); drop --critic-model")
+        if m != "grpo" and self.group_size != 1:
+            raise RecipeError("group_size", "samples per prompt is a GRPO setting; use --method grpo")
+        if self.train_batch is not None and self.train_batch <= 0:
+            raise RecipeError("train_batch", f"must be a positive integer, got {self.train_batch!r}")
+        if not isinstance(self.group_size, int) or self.group_size <= 0:
+            raise RecipeError("group_size", f"must be a positive integer, got {self.group_size!r}")
+        if not 0.0 < self.rollout_engine_mem_fraction <= 1.0:
+            raise RecipeError(
+                "rollout_engine_mem_fraction", f"must be in (0, 1], got {self.rollout_engine_mem_fraction}"
+            )
+        for name, choices in (
+            ("actor", ACTOR_TRAININGS),
+            ("reference", REFERENCES),
+            ("placement", PLACEMENTS),
+            ("rollout_engine", ROLLOUT_ENGINES),
+        ):
+            if getattr(self, name) not in choices:
+                raise RecipeError(
+                    name, f"unknown value {getattr(self, name)!r}; choose one of {', '.join(choices)}"
+                )
+        if self.rollout_tp <= 0:
+            raise RecipeError("rollout_tp", f"must be a positive integer, got {self.rollout_tp}")
+        if m in ROLLOUT_METHODS and (self.prompt_len <= 0 or self.gen_len <= 0):
+            raise RecipeError("gen_len", "prompt and generation lengths must be positive")
+
+
+def seq_lengths(method: str, seq_len: int, prompt_len: int | None, gen_len: int | None) -> tuple[int, int]:
+    """(prompt, generation) tokens of a rollout sequence of ``seq_len`` = prompt + response.
+
+    Unset lengths split the sequence (``gen_len`` defaults to half of it); both given must add up
+    to ``seq_len`` (the training sequence), else the error names the ``--seq-len`` to use."""
+    if method not in ROLLOUT_METHODS:
+        if prompt_len is not None or gen_len is not None:
+            raise RecipeError("gen_len", f"{method} has no rollout; drop --prompt-len/--gen-len")
+        return 0, 0
+    if prompt_len is not None and gen_len is not None:
+        if prompt_len + gen_len != seq_len:
+            raise RecipeError(
+                "seq_len",
+                f"the trained sequence is prompt + generation = {prompt_len + gen_len} tokens; "
+                f"give --seq-len {prompt_len + gen_len}",
+            )
+        return prompt_len, gen_len
+    if gen_len is None:
+        gen_len = seq_len - prompt_len if prompt_len is not None else seq_len // 2
+    prompt = seq_len - gen_len
+    if prompt <= 0 or gen_len <= 0:
+        raise RecipeError("gen_len", f"--gen-len {gen_len} leaves no prompt in --seq-len {seq_len}")
+    return prompt, gen_len
+
+
+# --- the models of a job ------------------------------------------------------------------------
+def actor_recipe(recipe: Recipe, spec: RLHFSpec) -> Recipe:
+    """The policy's training recipe: trained as ``spec.actor`` on ``prompts × group_size``
+    sequences (PPO, GRPO) or on chosen + rejected (DPO, reward model: micro and global batch ×2,
+    TRL ``concatenated_forward``)."""
+    pairs = spec.method in PAIR_METHODS
+    factor = 2 if pairs else spec.group_size
+    return dataclasses.replace(
+        recipe,
+        method=spec.actor if spec.method != "rm" else "full",
+        lora=spec.lora if spec.actor != "full" else None,
+        micro_batch=recipe.micro_batch * (2 if pairs else 1),
+        global_batch=None if recipe.global_batch is None else recipe.global_batch * factor,
+    )
+
+
+def update_recipe(recipe: Recipe, spec: RLHFSpec, layout: Layout) -> Recipe:
+    """The recipe of one optimizer update of the policy: :func:`actor_recipe` with ``train_batch``
+    sequences (pairs ×2) per update, when given."""
+    step = actor_recipe(recipe, spec)
+    if spec.train_batch is None:
+        return step
+    per_update = spec.train_batch * (2 if spec.method in PAIR_METHODS else 1)
+    total = step_sequences(step, layout)
+    if per_update > total or total % per_update:
+        raise RecipeError(
+            "train_batch",
+            f"{total} sequences per step do not split into updates of {per_update}; "
+            "give a --train-batch that divides the step's batch",
+        )
+    return dataclasses.replace(step, global_batch=per_update)
+
+
+def updates_per_step(recipe: Recipe, spec: RLHFSpec, layout: Layout) -> int:
+    """Optimizer updates of the actor (and critic) per RL step."""
+    step = step_sequences(actor_recipe(recipe, spec), layout)
+    return step // step_sequences(update_recipe(recipe, spec, layout), layout)
+
+
+def frozen_recipe(recipe: Recipe) -> Recipe:
+    """A frozen model's forward recipe: full-model weights in the recipe's dtype, no adapters,
+    nothing offloaded, no optimizer."""
+    return dataclasses.replace(
+        recipe, method="full", lora=None, offload="none", paged_optimizer=False, optimizer_in_backward=False
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoredModel:
+    """One forward pass of the scoring phase: ``role`` names it, ``resident`` whether it holds
+    weights of its own (the reference of a LoRA actor is its base: no copy)."""
+
+    role: str
+    model: ModelSpec
+    resident: bool
+
+
+def scored_models(policy: ModelSpec, spec: RLHFSpec) -> tuple[ScoredModel, ...]:
+    """The forwards before the update: old-policy log-probs (PPO, GRPO: OpenRLHF / verl compute
+    them in ``make_experience``), the reference, the reward model and PPO's critic values."""
+    out: list[ScoredModel] = []
+    if spec.method in ROLLOUT_METHODS:
+        out.append(ScoredModel(role="old-policy log-probs", model=policy, resident=False))
+    if spec.method != "rm" and spec.reference in ("model", "lora-base"):
+        out.append(ScoredModel(role="reference", model=policy, resident=spec.reference == "model"))
+    if spec.method in ROLLOUT_METHODS and spec.reward_model is not None:
+        out.append(ScoredModel(role="reward model", model=spec.reward_model, resident=True))
+    if spec.method == "ppo":
+        out.append(ScoredModel(role="critic values", model=critic_of(policy, spec), resident=False))
+    return tuple(out)
+
+
+def critic_of(policy: ModelSpec, spec: RLHFSpec) -> ModelSpec:
+    """PPO's critic: given, else the reward model's architecture, else the policy's."""
+    if spec.critic_model is not None:
+        return spec.critic_model
+    return spec.reward_model if spec.reward_model is not None else policy
+
+
+# --- the rollout engine ---------------------------------------------------------------------------
+def kv_bytes_per_token(model: ModelSpec, recipe: Recipe, tp: int) -> float:
+    """KV cache of one token on one engine rank: 2 (K, V) × layers × KV heads × head dim × bytes,
+    the KV heads split over the engine's tensor parallelism (at least one per rank: vLLM replicates
+    KV heads when tp exceeds them). vLLM PagedAttention (Kwon et al. 2023, Sec. 4.1)."""
+    heads = math.ceil(model.num_kv_heads / tp)
+    return 2.0 * model.num_layers * heads * model.head_dim * BYTES_PER_ELEMENT[recipe.weight_dtype]
+
+
+def preallocates_kv(spec: RLHFSpec) -> bool:
+    """Whether the engine reserves its whole KV budget up front (vLLM / an inference engine) rather
+    than growing the cache with the sequences it holds (HF ``generate``)."""
+    return spec.rollout_engine != "trainer"
+
+
+def engine_weights_bytes(model: ModelSpec, recipe: Recipe, tp: int) -> float:
+    """The rollout engine's weights on one rank: all parameters in the weight dtype over its TP
+    size (vLLM shards every linear layer and the vocabulary, Shoeybi et al. 2019 Sec. 3)."""
+    return count_params(model).total * BYTES_PER_ELEMENT[recipe.weight_dtype] / tp
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rollout:
+    """The generation of one RL step on each engine (seconds, bytes per device)."""
+
+    engines: int
+    sequences_per_engine: int
+    concurrent_sequences: int
+    waves: int
+    kv_budget_bytes: float
+    kv_cache_bytes: float
+    engine_weights_bytes: float  # the engine's own weight copy per rank (vllm; 0 otherwise)
+    gathered_weights_bytes: float  # hybrid: the trainer's weights gathered into the engine layout
+    prefill_s: float
+    decode_s: float
+    decode_step_s: float
+    prefill_flops_per_engine: float
+    decode_bound: str  # "memory", "compute" or "ZeRO-3 gather"
+    fits_one_sequence: bool
+
+
+def rollout(
+    system: System,
+    model: ModelSpec,
+    recipe: Recipe,
+    spec: RLHFSpec,
+    sequences: int,
+    layout: Layout | None = None,
+) -> Rollout:
+    """Prefill and decode time of ``sequences`` generated sequences over the system's engines.
+
+    Concurrency: C = min(sequences per engine, ``rollout_concurrency``, ⌊KV budget / KV of one
+    sequence⌋) with KV budget = ``rollout_engine_mem_fraction`` × device memory − engine weights (vLLM
+    ``gpu_memory_utilization``; Kwon et al. 2023 Sec. 4) and one sequence's KV = (prompt + gen) ×
+    :func:`kv_bytes_per_token`. The sequences run in ⌈S/C⌉ waves of C.
+
+    Prefill of a wave (roofline, Williams et al. 2009): the forward FLOPs of C prompts
+    (``flops.step_flops``) over the engine's ranks at the dense peak × large-GEMM efficiency, and
+    never faster than reading the weights once. Decode: ``gen_len`` steps, each the larger of
+    (engine weights + KV of C sequences at the mean context prompt + gen/2) / (HBM bandwidth ×
+    measured streaming efficiency) and 2 · active params · C / tp FLOPs at the GEMM rate — the
+    memory-bound regime of small batches (Pope et al. 2022, "Efficiently Scaling Transformer
+    Inference", Sec. 2-3).
+
+    ``rollout_engine="trainer"`` generates in the training ``layout`` (engines = devices / tp, no
+    weight copy); under ZeRO-3 each decode step (and each wave's prefill) all-gathers the
+    sharded weights over the shard group (:func:`gather_s`), overlapped with the step's own
+    roofline by DeepSpeed's prefetch: the step is the larger of the two.
+    """
+    acc = system.accelerator
+    tp = spec.rollout_tp
+    trainer = spec.rollout_engine == "trainer"
+    if trainer:
+        if layout is None:
+            raise RecipeError(
+                "rollout_engine", "the trainer engine generates in the training layout: pass it"
+            )
+        if tp not in (1, layout.tp):
+            raise RecipeError(
+                "rollout_tp",
+                f"--rollout-engine trainer generates in the training layout (tp {layout.tp}); drop --rollout-tp",
+            )
+        tp = layout.tp
+    if system.num_devices % tp:
+        raise RecipeError(
+            "rollout_tp", f"--rollout-tp {tp} does not divide the {system.num_devices} devices into engines"
+        )
+    engines = system.num_devices // tp
+    per_engine = math.ceil(sequences / engines)
+    weights = engine_weights_bytes(model, recipe, tp)
+    own_copy = 0.0 if spec.rollout_engine != "vllm" else weights
+    seq_tokens = spec.prompt_len + spec.gen_len
+    kv_seq = kv_bytes_per_token(model, recipe, tp) * seq_tokens
+    budget = max(0.0, spec.rollout_engine_mem_fraction * acc.memory_bytes - own_copy)
+    held = int(budget // kv_seq)
+    cap = spec.rollout_concurrency if spec.rollout_concurrency is not None else per_engine
+    concurrent = max(1, min(per_engine, cap, held))
+    waves = math.ceil(per_engine / concurrent)
+    eff = get_efficiency(acc.name)
+    pk = recipe_peaks(acc, recipe, eff)
+    flops_per_s = pk.peak * eff.gemm_max(pk.dtype)
+    bw = acc.memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency
+    prompt = dataclasses.replace(
+        frozen_recipe(recipe), seq_len=spec.prompt_len, micro_batch=concurrent, global_batch=concurrent
+    )
+    prefill_flops = step_flops(model, prompt).forward.flops
+    gather = 0.0
+    if trainer and layout is not None and layout.zero == 3:
+        gather = gather_s(system, weights, layout.shard_group)
+    prefill_wave_s = max(prefill_flops / tp / flops_per_s, weights / bw, gather)
+    mean_context = spec.prompt_len + spec.gen_len / 2.0
+    kv_read = concurrent * kv_bytes_per_token(model, recipe, tp) * mean_context
+    memory_s = (weights + kv_read) / bw
+    compute_s = 2.0 * count_params(model).active * concurrent / tp / flops_per_s
+    step_s = max(memory_s, compute_s, gather)
+    return Rollout(
+        engines=engines,
+        sequences_per_engine=per_engine,
+        concurrent_sequences=concurrent,
+        waves=waves,
+        kv_budget_bytes=budget,
+        kv_cache_bytes=budget if preallocates_kv(spec) else min(concurrent * kv_seq, budget),
+        engine_weights_bytes=own_copy,
+        gathered_weights_bytes=weights if spec.rollout_engine == "hybrid" else 0.0,
+        prefill_s=waves * prefill_wave_s,
+        decode_s=waves * spec.gen_len * step_s,
+        decode_step_s=step_s,
+        prefill_flops_per_engine=waves * prefill_flops,
+        decode_bound="ZeRO-3 gather"
+        if gather > max(memory_s, compute_s)
+        else ("memory" if memory_s >= compute_s else "compute"),
+        fits_one_sequence=held >= 1,
+    )
+
+
+def gather_s(system: System, gathered_bytes: float, group: int) -> float:
+    """All-gather of ``gathered_bytes`` (the output: the whole engine shard) over ``group``
+    consecutive ranks: ``comm.Network.time_s`` (NCCL ring, two levels when the group spans
+    scale-up domains; Thakur et al. 2005)."""
+    if group <= 1 or gathered_bytes == 0:
+        return 0.0
+    net = network_from_system(system)
+    return net.time_s("all_gather", gathered_bytes, place_group("rollout", group, 1, domain_size(system)))
+
+
+def weight_sync_s(system: System, bytes_per_device: float, group: int) -> float:
+    """Trainer → rollout engine weight sync on each device: its engine shard gathered from the
+    trainer's ZeRO shards (:func:`gather_s`; OpenRLHF's NCCL broadcast / CUDA-IPC, verl's
+    in-process reshard, NeMo RL "refit"), or, with nothing sharded, one copy at HBM bandwidth."""
+    if group <= 1:
+        return bytes_per_device / system.accelerator.memory_bandwidth_bytes_per_s
+    return gather_s(system, bytes_per_device, group)
+
+
+# --- the estimate -------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class RLHFEstimate:
+    """Memory per device per phase (named terms) and the RL step's time terms."""
+
+    spec: RLHFSpec
+    placement: str
+    phases: dict[str, list[tuple[str, float]]]
+    capacity_bytes: float
+    host_bytes: float  # per device: offloaded models and states (``memory.host_bytes_per_node`` × devices)
+    host_capacity_bytes_per_node: float | None
+    devices_on_node: int
+    models: dict[str, float]  # resident bytes per model (weights or training states)
+    rollout: Rollout | None
+    time_terms: dict[str, float]  # the RL terms of timing.TimeBreakdown (terms.RLHF groups)
+    actor_step_s: float  # the actor's updates of one RL step
+    updates: int  # optimizer updates per RL step
+    sequences: int
+    tokens_per_step: float
+    model_flops_per_step: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def phase_bytes(self, phase: str) -> float:
+        return sum(v for _, v in self.phases[phase])
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phase_bytes)
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.phase_bytes(self.peak_phase)
+
+    @property
+    def per_device_bytes(self) -> float:
+        """Peak live bytes + CUDA context + allocator fragmentation (the constants of ``memory.py``)."""
+        return self.peak_bytes * (1.0 + FRAGMENTATION_FRACTION) + CUDA_CONTEXT_BYTES
+
+    @property
+    def host_fits(self) -> bool | None:
+        """What waits in host memory fits the server (``memory.host_fits``); ``None``: unknown host."""
+        if not self.host_bytes:
+            return True
+        if self.host_capacity_bytes_per_node is None:
+            return None
+        return bool(host_fits(self.host_bytes, self.devices_on_node, self.host_capacity_bytes_per_node))
+
+    @property
+    def device_fits(self) -> bool:
+        return self.per_device_bytes <= self.capacity_bytes and (
+            self.rollout is None or self.rollout.fits_one_sequence
+        )
+
+    @property
+    def host_bytes_per_node(self) -> float:
+        return float(host_bytes_per_node(self.host_bytes, self.devices_on_node))
+
+    @property
+    def fits(self) -> bool:
+        return self.device_fits and self.host_fits is not False
+
+    def reasons(self) -> list[str]:
+        from trainplan.units import fmt_bytes
+
+        out: list[str] = []
+        if self.rollout is not None and not self.rollout.fits_one_sequence:
+            out.append(
+                f"the rollout engine's KV budget ({fmt_bytes(self.rollout.kv_budget_bytes)} after its weights) "
+                "holds no whole sequence; raise --rollout-engine-mem-fraction or --rollout-tp, or shorten the sequence"
+            )
+        if self.per_device_bytes > self.capacity_bytes:
+            top = sorted(self.phases[self.peak_phase], key=lambda kv: kv[1], reverse=True)[:3]
+            named = ", ".join(f"{n} {fmt_bytes(v)}" for n, v in top if v > 0)
+            out.append(
+                f"needs {fmt_bytes(self.per_device_bytes)} per device > {fmt_bytes(self.capacity_bytes)} "
+                f"in the {self.peak_phase} phase ({self.placement}); largest terms: {named}"
+            )
+        if self.host_fits is False:
+            out.append(
+                f"keeps {fmt_bytes(self.host_bytes_per_node)} per server in host memory ({self.devices_on_node} device(s) × "
+                f"{fmt_bytes(self.host_bytes)}) > {fmt_bytes(float(self.host_capacity_bytes_per_node or 0))}; "
+                "keep models resident (--placement colocated), offload less, or give the server's --host-memory"
+            )
+        return out
+
+    def split_s(self, time: TimeBreakdown) -> dict[str, float]:
+        """The RL step as rollout / scoring / training (actor + critic) / sync seconds."""
+        t = self.time_terms
+        return {
+            "rollout": t["rollout_prefill_s"] + t["rollout_decode_s"],
+            "scoring": t["scoring_s"],
+            "training": time.step_s - sum(t.values()) + t["critic_update_s"],
+            "sync": t["weight_sync_s"],
+        }
+
+    def to_dict(self, time: TimeBreakdown) -> dict[str, object]:
+        r = self.rollout
+        s = self.spec
+        return {
+            "method": s.method,
+            "actor": s.actor,
+            "reference": s.reference,
+            "reward_model": s.reward_model.name if s.reward_model is not None else None,
+            "critic_model": critic_of_name(s),
+            "placement": self.placement,
+            "group_size": s.group_size,
+            "prompt_len": s.prompt_len,
+            "gen_len": s.gen_len,
+            "sequences_per_step": self.sequences,
+            "updates_per_step": self.updates,
+            "train_batch": s.train_batch,
+            "per_device_bytes": self.per_device_bytes,
+            "peak_bytes": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+            "fits": self.fits,
+            "capacity_bytes": self.capacity_bytes,
+            "host_bytes": self.host_bytes,
+            "host_fits": self.host_fits,
+            "models_bytes": dict(self.models),
+            "phases": {p: {n: v for n, v in terms} for p, terms in self.phases.items()},
+            "phase_bytes": {p: self.phase_bytes(p) for p in self.phases},
+            "time": {**self.time_terms, "actor_update_s": self.actor_step_s},
+            "split_s": self.split_s(time),
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_s": self.tokens_per_step / time.step_s,
+            "tokens_per_s_definition": (
+                "(prompt + response) tokens of every sequence of the step per second of the RL step "
+                "(DeepSpeed-Chat: samples × (prompt + generation) per epoch); DPO / RM: chosen + rejected tokens"
+            ),
+            "model_flops_per_step": self.model_flops_per_step,
+            "rollout": None
+            if r is None
+            else {
+                "engines": r.engines,
+                "rollout_tp": s.rollout_tp,
+                "sequences_per_engine": r.sequences_per_engine,
+                "concurrent_sequences": r.concurrent_sequences,
+                "waves": r.waves,
+                "kv_budget_bytes": r.kv_budget_bytes,
+                "kv_cache_bytes": r.kv_cache_bytes,
+                "engine": s.rollout_engine,
+                "engine_weights_bytes": r.engine_weights_bytes,
+                "gathered_weights_bytes": r.gathered_weights_bytes,
+                "decode_step_s": r.decode_step_s,
+                "decode_bound": r.decode_bound,
+                "fits_one_sequence": r.fits_one_sequence,
+            },
+            "notes": list(self.notes),
+        }
+
+
+def critic_of_name(spec: RLHFSpec) -> str | None:
+    if spec.method != "ppo":
+        return None
+    if spec.critic_model is not None:
+        return spec.critic_model.name
+    return spec.reward_model.name if spec.reward_model is not None else "the policy"
+
+
+def _forward_s(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> float:
+    """Forward time of ``recipe``'s sequences through ``model`` — the forward term of the training
+    step of ``timing.step_time`` (roofline per op class, calibrated κ), nothing else."""
+    return step_time(system, model, recipe, layout).forward_s
+
+
+def _forward_flops(model: ModelSpec, recipe: Recipe, layout: Layout) -> float:
+    return step_flops(model, recipe, layout).forward.flops
+
+
+def estimate_rlhf(
+    system: System,
+    policy: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    spec: RLHFSpec,
+    *,
+    actor_memory: MemoryBreakdown,
+    actor_time: TimeBreakdown,
+    num_microbatches: int,
+) -> RLHFEstimate:
+    """Memory per phase and the RL time terms; ``actor_memory`` / ``actor_time`` are the actor's
+    own training step (``memory.memory_breakdown`` and ``timing.step_time`` of
+    :func:`actor_recipe`)."""
+    cap = system.accelerator.memory_bytes
+    arec = actor_recipe(recipe, spec)
+    frozen = frozen_recipe(arec)
+    sequences = step_sequences(arec, layout)
+    updates = updates_per_step(recipe, spec, layout)
+    urec = update_recipe(recipe, spec, layout)
+    notes: list[str] = []
+
+    def frozen_weights(model: ModelSpec) -> float:
+        """A frozen model's weights per device, sharded as the trained models are (ZeRO-3, TP, PP):
+        the ``weights_bytes`` of ``memory.memory_breakdown``."""
+        return memory_breakdown(model, frozen, layout).weights_bytes
+
+    # Resident bytes of every model, and the transient of each phase.
+    persistent: list[tuple[str, float]] = [("actor training states", actor_memory.model_states_bytes)]
+    critic_mem: MemoryBreakdown | None = None
+    critic_time: TimeBreakdown | None = None
+    if spec.method == "ppo":
+        critic = critic_of(policy, spec)
+        crec = dataclasses.replace(urec, method="full", lora=None)
+        critic_mem = memory_breakdown(
+            critic, crec, layout, capacity_bytes=cap, num_microbatches=num_microbatches
+        )
+        critic_time = step_time(system, critic, crec, layout, memory=critic_mem)
+        persistent.append(("critic training states", critic_mem.model_states_bytes))
+    rollout_only: list[tuple[str, float]] = []
+    scored = scored_models(policy, spec)
+    for sm in scored:
+        if sm.resident:
+            persistent.append((f"{sm.role} weights (frozen)", frozen_weights(sm.model)))
+    ro: Rollout | None = None
+    if spec.method in ROLLOUT_METHODS:
+        ro = rollout(system, policy, frozen, spec, sequences, layout)
+        if ro.engine_weights_bytes:
+            persistent.append(("rollout engine weights", ro.engine_weights_bytes))
+        if ro.gathered_weights_bytes and (layout.zero == 3 or layout.tp != spec.rollout_tp):
+            rollout_only.append(("actor weights gathered into the engine layout", ro.gathered_weights_bytes))
+        if spec.rollout_engine == "trainer" and layout.zero == 3:
+            rollout_only.append(
+                (
+                    "ZeRO-3 gathered layers (generate)",
+                    actor_memory.fsdp_root_bytes + 2 * actor_memory.fsdp_block_bytes,
+                )
+            )
+        kv = ("rollout KV cache", ro.kv_cache_bytes)
+        (persistent if preallocates_kv(spec) else rollout_only).append(kv)
+    # Scoring: the FP32 log-softmax of one micro-batch (the log-prob logits; memory.logits_bytes).
+    logits = logits_bytes(policy, frozen, layout)[0] if scored else 0.0
+    by_name = dict(persistent)
+    resident_sum = sum(by_name.values())
+
+    def trained_phase(own: MemoryBreakdown, states_name: str) -> list[tuple[str, float]]:
+        return [(f"{states_name.split(' training')[0]} training step (peak live)", own.peak_bytes)]
+
+    phases: dict[str, list[tuple[str, float]]] = {}
+    colocated = spec.placement == "colocated"
+    trainers = [(actor_memory, "actor training states")]
+    if critic_mem is not None:
+        trainers.append((critic_mem, "critic training states"))
+    if colocated:
+        others = [(n, v) for n, v in persistent]
+        if ro is not None:
+            phases["rollout"] = [*others, *rollout_only]
+        if scored:
+            phases["scoring"] = [*others, ("log-prob logits (FP32, one micro-batch)", logits)]
+        for own, name in trainers:
+            phase = "training" if name.startswith("actor") else "critic training"
+            phases[phase] = [
+                *[(n, v) for n, v in persistent if n != name],
+                *trained_phase(own, name),
+            ]
+        host = actor_memory.host_bytes + (critic_mem.host_bytes if critic_mem is not None else 0.0)
+    else:
+        if ro is not None:
+            copy = ("rollout engine weights", ro.engine_weights_bytes)
+            shared = ("actor weights (the engine runs on them)", actor_memory.weights_bytes)
+            phases["rollout"] = [
+                copy if ro.engine_weights_bytes else shared,
+                *rollout_only,
+                ("rollout KV cache", ro.kv_cache_bytes),
+            ]
+        if scored:
+            phases["scoring"] = [
+                *[
+                    (f"{sm.role} weights", frozen_weights(sm.model))
+                    for sm in scored
+                    if sm.resident or sm.role != "reference" or spec.method == "dpo"
+                ],
+                ("log-prob logits (FP32, one micro-batch)", logits),
+            ]
+        for own, name in trainers:
+            phase = "training" if name.startswith("actor") else "critic training"
+            phases[phase] = trained_phase(own, name)
+        # Host memory: the resident models a phase does not load wait there; the largest such set.
+        loaded = {
+            "rollout": ("rollout engine weights", "rollout KV cache"),
+            "scoring": tuple(n for n in by_name if n.endswith("(frozen)")),
+            "training": ("actor training states",),
+            "critic training": ("critic training states",),
+        }
+        waiting = max(resident_sum - sum(by_name.get(n, 0.0) for n in loaded[p]) for p in phases)
+        host = waiting + actor_memory.host_bytes + (critic_mem.host_bytes if critic_mem else 0.0)
+        notes.append(
+            "offload-between-phases: each phase loads only its own models; the others wait in host "
+            "memory (vLLM sleep mode, DeepSpeed / OpenRLHF sleep, verl param offload); reload time not counted"
+        )
+
+    # Time terms.
+    scoring_s = 0.0
+    scoring_flops = 0.0
+    for sm in scored:
+        scoring_s += _forward_s(system, sm.model, frozen, layout)
+        scoring_flops += _forward_flops(sm.model, frozen, layout)
+    critic_s = updates * critic_time.step_s if critic_time is not None else 0.0
+    sync_bytes = 0.0
+    if ro is not None and spec.rollout_engine != "trainer":
+        # vllm: refresh the engine's copy; hybrid: gather ZeRO-3 shards into the engine's TP shards
+        sync_bytes = ro.engine_weights_bytes or ro.gathered_weights_bytes
+        if spec.rollout_engine == "hybrid" and layout.zero != 3 and layout.tp == spec.rollout_tp:
+            sync_bytes = 0.0
+    terms = {
+        "rollout_prefill_s": ro.prefill_s if ro is not None else 0.0,
+        "rollout_decode_s": ro.decode_s if ro is not None else 0.0,
+        "scoring_s": scoring_s,
+        "critic_update_s": critic_s,
+        "weight_sync_s": weight_sync_s(system, sync_bytes, layout.shard_group if layout.zero == 3 else 1)
+        if sync_bytes
+        else 0.0,
+    }
+    actor_flops = step_flops(policy, arec, layout)
+    critic_flops = (
+        step_flops(critic_of(policy, spec), frozen, layout).model_flops if critic_time is not None else 0.0
+    )
+    rollout_flops = 0.0
+    if ro is not None:
+        decode_flops = 2.0 * count_params(policy).active * sequences * spec.gen_len
+        rollout_flops = ro.prefill_flops_per_engine * ro.engines + decode_flops
+    if spec.method in ROLLOUT_METHODS:
+        notes.append(
+            f"{updates} actor{' and critic' if spec.method == 'ppo' else ''} update(s) per step "
+            "(ppo_epochs = 1); the rollout is a roofline of the engine (no scheduler or sampling overheads)"
+        )
+    if spec.method in ("rm", "ppo") or spec.reward_model is not None:
+        notes.append("reward and value heads are counted as the model's LM head (a scalar head is smaller)")
+    return RLHFEstimate(
+        spec=spec,
+        placement=spec.placement,
+        phases=phases,
+        capacity_bytes=cap,
+        host_bytes=host,
+        host_capacity_bytes_per_node=system.host_memory_bytes_per_node,
+        devices_on_node=system.devices_on_a_node,
+        models=by_name,
+        rollout=ro,
+        time_terms=terms,
+        actor_step_s=updates * actor_time.step_s,
+        updates=updates,
+        sequences=sequences,
+        tokens_per_step=float(sequences * arec.seq_len),
+        model_flops_per_step=actor_flops.model_flops + critic_flops + scoring_flops + rollout_flops,
+        notes=tuple(notes),
+    )
+
+
+__all__ = [
+    "ACTOR_TRAININGS",
+    "PLACEMENTS",
+    "REFERENCES",
+    "RLHF_METHODS",
+    "RLHFEstimate",
+    "RLHFSpec",
+    "Rollout",
+    "actor_recipe",
+    "estimate_rlhf",
+    "is_rlhf",
+    "kv_bytes_per_token",
+    "rollout",
+    "seq_lengths",
+    "update_recipe",
+    "updates_per_step",
+]

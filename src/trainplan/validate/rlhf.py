@@ -1,0 +1,179 @@
+"""Published RLHF runs, predicted through ``trainplan.estimate`` (:mod:`trainplan.rlhf`).
+
+``data/rlhf_colocated.csv`` holds one row per published number with the configuration it was run
+under: the OpenRLHF benchmark (``benchmark/README.md`` @0baf3dd4, March 2024: generation,
+training and end-to-end seconds of one 1,024-prompt PPO rollout batch, every model on the same 8
+A800-80GB) and fit claims (a config said to run on its devices). Two datasets:
+
+* ``rlhf_openrlhf_colocated`` (metric seconds): ``gen_s`` is compared with rollout + scoring (the
+  benchmark's generation phase is OpenRLHF's ``make_experience``: generation and the reference,
+  reward and critic forwards), ``train_s`` with the actor and critic updates, ``step_s`` with the
+  whole RL step;
+* ``rlhf_fit_claims``: predicted fits or not, error 0 when the claim is reproduced, −1 when not.
+
+No parameter of the RLHF model is fitted: every row is a ``validate`` row (there is no calibration
+split). The step's compute uses the ``pytorch`` stack's κ, fitted on that stack's own calibration
+rows (docs/timing.md). The A800 is an A100-80GB with NVLink cut to 400 GB/s (200 GB/s one
+direction, NVIDIA A800 datasheet): ``scale_up_bytes_per_s`` overrides the catalog link.
+Generation lengths are the benchmark's maxima (1,024); responses that stop at EOS make the
+published generation faster than a maximum-length rollout.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+from dataclasses import dataclass
+from importlib import resources
+from typing import Final
+
+from trainplan.errors import TrainplanError
+from trainplan.validate.timing import DatasetResult, RowResult
+
+RLHF_DATASETS: Final[dict[str, tuple[float, str]]] = {
+    "rlhf_openrlhf_colocated": (
+        1.0,
+        "OpenRLHF benchmark (Mar 2024): PPO generation / training / end-to-end seconds, every model colocated",
+    ),
+    "rlhf_fit_claims": (0.0, "RLHF configs published as running on their devices (fit claims)"),
+}
+"""Each dataset's enforced MAPE bound (a regression guard at today's accuracy) and description."""
+
+SOURCE: Final = (
+    "OpenRLHF benchmark/README.md @0baf3dd4; torchtune mistral/7B_full_ppo_low_memory.yaml @000bb70f"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLHFRow:
+    """One published RLHF number and the configuration it was measured under."""
+
+    name: str
+    dataset: str
+    split: str
+    verification: str
+    metric: str
+    published: float
+    fields: dict[str, object]
+    scale_up_bytes_per_s: float | None
+    source: str
+    notes: str
+
+
+_INT = (
+    "devices",
+    "zero",
+    "micro_batch",
+    "train_batch",
+    "global_batch",
+    "seq_len",
+    "gen_len",
+    "rollout_concurrency",
+)
+
+
+def rows() -> list[RLHFRow]:
+    """Every row of ``data/rlhf_colocated.csv``."""
+    text = (
+        resources.files("trainplan.validate")
+        .joinpath("data", "rlhf_colocated.csv")
+        .read_text(encoding="utf-8")
+    )
+    out: list[RLHFRow] = []
+    for c in csv.DictReader(io.StringIO(text)):
+        fields: dict[str, object] = {
+            "method": "ppo",
+            "hardware": c["hardware"],
+            "recompute": c["recompute"],
+            "rollout_engine": c["rollout_engine"],
+            "rollout_engine_mem_fraction": float(c["rollout_engine_mem_fraction"]),
+            "no_master_weights": c["master_weights"] == "false",
+            "paged_optimizer": c["paged_optimizer"] == "true",
+            "optimizer_in_backward": c["optimizer_in_backward"] == "true",
+            "stack": c["stack"],
+            "placement": c["placement"],
+            **{k: int(c[k]) for k in _INT},
+        }
+        out.append(
+            RLHFRow(
+                name=c["name"],
+                dataset=c["dataset"],
+                split=c["split"],
+                verification=c["verification"],
+                metric=c["metric"],
+                published=float(c["published"]),
+                fields={**fields, "model": c["model"]},
+                scale_up_bytes_per_s=float(c["scale_up_bytes_per_s"]) if c["scale_up_bytes_per_s"] else None,
+                source=c["source"],
+                notes=c["notes"],
+            )
+        )
+    return out
+
+
+def _system(row: RLHFRow) -> object:
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+
+    acc = get_accelerator(str(row.fields["hardware"]))
+    if row.scale_up_bytes_per_s is not None:
+        acc = dataclasses.replace(
+            acc, scale_up=dataclasses.replace(acc.scale_up, bandwidth_bytes_per_s=row.scale_up_bytes_per_s)
+        )
+    return System(accelerator=acc, num_devices=int(str(row.fields["devices"])))
+
+
+def predict(row: RLHFRow) -> float:
+    """The row's metric as ``trainplan.estimate`` predicts it (seconds, or 1.0 / 0.0 for fits)."""
+    from trainplan import estimate
+
+    kw = {k: v for k, v in row.fields.items() if k not in ("model", "hardware", "devices")}
+    est = estimate(str(row.fields["model"]), hardware=_system(row), **kw)  # type: ignore[arg-type]
+    rl = est.rlhf
+    if rl is None:
+        raise TrainplanError("method", f"row {row.name} is not an RLHF job")
+    split = rl.split_s(est.time)
+    if row.metric == "gen_s":
+        return split["rollout"] + split["scoring"]
+    if row.metric == "train_s":
+        return split["training"] + split["sync"]
+    if row.metric == "step_s":
+        return est.time.step_s
+    if row.metric == "fits":
+        return 1.0 if rl.fits else 0.0
+    raise TrainplanError("metric", f"unknown RLHF metric {row.metric!r}")
+
+
+def _assumptions(row: RLHFRow) -> tuple[str, ...]:
+    out = [f"{row.fields['rollout_engine']} engine", f"train batch {row.fields['train_batch']}"]
+    if row.scale_up_bytes_per_s is not None:
+        out.append(f"A800 NVLink {row.scale_up_bytes_per_s / 1e9:.0f} GB/s one direction")
+    if row.metric != "fits":
+        out.append(
+            f"max lengths {int(str(row.fields['seq_len'])) - int(str(row.fields['gen_len']))}+{row.fields['gen_len']}"
+        )
+    return tuple(out)
+
+
+def row_result(row: RLHFRow) -> RowResult:
+    base = {"name": row.name, "dataset": row.dataset, "split": row.split, "metric": row.metric}
+    try:
+        predicted = predict(row)
+    except TrainplanError as err:
+        return RowResult(
+            **base, published=row.published, predicted=None, error=None, assumptions=(), skipped=str(err)
+        )
+    error = predicted / row.published - 1.0
+    return RowResult(
+        **base, published=row.published, predicted=predicted, error=error, assumptions=_assumptions(row)
+    )
+
+
+def validate_rlhf_dataset(name: str) -> DatasetResult:
+    bound, _ = RLHF_DATASETS[name]
+    chosen = [r for r in rows() if r.dataset == name and r.verification in ("VERBATIM", "DERIVED")]
+    return DatasetResult(name=name, bound=bound, rows=tuple(row_result(r) for r in chosen))
+
+
+__all__ = ["RLHF_DATASETS", "RLHFRow", "predict", "row_result", "rows", "validate_rlhf_dataset"]
