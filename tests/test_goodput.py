@@ -99,3 +99,27 @@ def test_planner_charges_the_same_goodput() -> None:
     assert best.run.goodput is not None and best.run.time_s > best.run.compute_time_s
     bare = trainplan.plan("llama-3.1-8b", no_goodput=True, **kw).plans[0].estimate
     assert bare.run.goodput is None and bare.run.time_s < best.run.time_s
+
+
+def test_llama3_405b_gpu_hours_are_bracketed_by_its_documented_layouts() -> None:
+    """Meta's 30.84M H100-hours for Llama 3.1 405B on 15.6T tokens (model card; arXiv:2407.21783)
+    against the paper's 8K- and 16K-GPU layouts of Table 4 (docs/goodput.md)."""
+    import dataclasses
+
+    from trainplan.predict import estimate
+    from trainplan.validate.datasets import timing_rows
+    from trainplan.validate.timing import row_inputs
+
+    hours = []
+    for row in timing_rows("llama3_paper_table4"):
+        if row.seq_len != 8192:
+            continue
+        system, model, recipe, layout, _ = row_inputs(row)
+        e = estimate(system, model, dataclasses.replace(recipe, tokens=15.6e12), layout)
+        assert (
+            e.run.goodput is not None and 0.9 < float(e.run.goodput.compute_s / e.run.goodput.wall_s) < 0.97
+        )
+        hours.append(e.run.device_hours)
+    assert len(hours) == 2
+    assert min(hours) < 30.84e6 * 1.05 and max(hours) > 30.84e6
+    assert all(abs(h / 30.84e6 - 1) < 0.3 for h in hours)
