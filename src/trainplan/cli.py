@@ -359,6 +359,50 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cost(args: argparse.Namespace) -> int:
+    from trainplan.cost import choose_offering
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+    from trainplan.ownership import Ownership, default_node_price
+
+    acc = get_accelerator(args.hardware, args.hardware_file)
+    devices = args.devices if args.devices is not None else acc.devices_per_node
+    if args.node_price is not None:
+        node_price, node_source = args.node_price, "given (--node-price)"
+    else:
+        node_price, node_source = default_node_price(acc)
+    if args.price is not None:
+        rent, rent_source = args.price, "given (--price)"
+    else:
+        offer = choose_offering(System(accelerator=acc, num_devices=devices), args.provider)
+        if offer is None:
+            raise TrainplanError(
+                "price",
+                f"{acc.name} has no dated rental price in the catalog; give --price USD_PER_DEVICE_HOUR",
+            )
+        rent = offer.usd_per_device_hour
+        rent_source = f"{offer.provider} {offer.instance} ({offer.date})"
+    own = Ownership(
+        accelerator=acc,
+        devices=devices,
+        node_price_usd=node_price,
+        node_price_source=node_source,
+        rent_usd_per_device_hour=rent,
+        rent_source=rent_source,
+        years=args.years,
+        utilisation=args.utilisation,
+        usd_per_kwh=args.usd_per_kwh,
+        usd_per_kw_month=args.usd_per_kw_month,
+        network_fraction=args.network_fraction,
+        pue=args.pue,
+    )
+    if args.json:
+        print(json.dumps(own.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(own.render())
+    return 0
+
+
 def _add_hardware(sub: Any) -> None:
     from trainplan.inputs import HARDWARE_FILE, add_arguments
 
@@ -430,6 +474,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "compare": _schema_command(
         "compare", cmd_compare, "the same job on several accelerators, each at its best layout"
     ),
+    "cost": _schema_command("cost", cmd_cost, "buy or rent: owning accelerators against renting them"),
     "serve": _add_serve,
     "run": _add_run,
 }

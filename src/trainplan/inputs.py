@@ -36,6 +36,13 @@ from trainplan.layout import (
     Layout,
     LayoutOptions,
 )
+from trainplan.ownership import (
+    DEFAULT_NETWORK_FRACTION,
+    DEFAULT_USD_PER_KW_MONTH,
+    DEFAULT_USD_PER_KWH,
+    DEFAULT_UTILISATION,
+    DEFAULT_YEARS,
+)
 from trainplan.recipe import (
     ATTENTIONS,
     LORA_TARGETS,
@@ -58,7 +65,18 @@ if TYPE_CHECKING:
     import argparse
 
 Group = Literal[
-    "input", "hardware", "layout", "recipe", "rlhf", "cost", "plan", "export", "verify", "run", "output"
+    "input",
+    "hardware",
+    "layout",
+    "recipe",
+    "rlhf",
+    "cost",
+    "own",
+    "plan",
+    "export",
+    "verify",
+    "run",
+    "output",
 ]
 ValueType = type[int] | type[float] | type[str] | type[bool]
 
@@ -801,6 +819,65 @@ RUN_FIELDS: Final = (
 )
 
 # --- output (CLI only: how the answer is printed) -------------------------------------------------
+# --- buy or rent (trainplan.ownership) -------------------------------------------------------------
+OWN_FIELDS: Final = (
+    Field(
+        name="devices",
+        group="own",
+        type=int,
+        positive=True,
+        help="accelerators to own or rent (default: one server of the catalog's devices per node)",
+    ),
+    Field(
+        name="node_price",
+        group="own",
+        type=float,
+        positive=True,
+        metavar="USD",
+        help="purchase price of one server (default: the catalog's accelerator price × devices per "
+        "node + 25%)",
+    ),
+    Field(
+        name="years",
+        group="own",
+        type=float,
+        positive=True,
+        default=DEFAULT_YEARS,
+        help="amortisation period, years",
+    ),
+    Field(
+        name="utilisation",
+        group="own",
+        type=float,
+        positive=True,
+        default=DEFAULT_UTILISATION,
+        help="fraction of the hours the accelerators train (0 < u <= 1)",
+    ),
+    Field(
+        name="usd_per_kwh",
+        group="own",
+        type=float,
+        positive=True,
+        default=DEFAULT_USD_PER_KWH,
+        help="electricity price, USD per kWh",
+    ),
+    Field(
+        name="usd_per_kw_month",
+        group="own",
+        type=float,
+        positive=True,
+        default=DEFAULT_USD_PER_KW_MONTH,
+        help="space and cooling (colocation) per kW of IT load per month, USD",
+    ),
+    Field(
+        name="network_fraction",
+        group="own",
+        type=float,
+        default=DEFAULT_NETWORK_FRACTION,
+        help="scale-out network per server as a fraction of its price",
+    ),
+)
+
 JSON: Final = _switch("json", "output", "print one JSON object with stable keys")
 GIB: Final = _switch("gib", "output", "print sizes in GiB (2^30) instead of GB (10^9)")
 PLOT: Final = Field(
@@ -855,6 +932,13 @@ COMMANDS: Final[dict[str, tuple[Field, ...]]] = {
     "plan": (MODEL, *PLAN_FIELDS, JSON, PLOT),
     "compare": (MODEL, *COMPARE_FIELDS, JSON, PLOT),
     "export": (MODEL, HARDWARE, HARDWARE_FILE, *LAYOUT_FIELDS, *RECIPE_FIELDS, *EXPORT_FIELDS),
+    "cost": (
+        dataclasses.replace(HARDWARE, positional=True, required=False),
+        HARDWARE_FILE,
+        *OWN_FIELDS,
+        *COST_FIELDS,
+        JSON,
+    ),
     "verify": (MODEL, *LAYOUT_FIELDS, *RECIPE_FIELDS, *VERIFY_FIELDS, JSON),
     "run": (
         MODEL,
@@ -894,6 +978,7 @@ GROUP_TITLES: Final[dict[Group, str]] = {
     "recipe": "recipe",
     "rlhf": "rlhf (ppo, grpo, dpo, rm)",
     "cost": "cost",
+    "own": "buy or rent",
     "run": "run",
 }
 
