@@ -359,6 +359,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_choose(args: argparse.Namespace) -> int:
+    from trainplan.models import load_model
+    from trainplan.planner.choose import choose
+    from trainplan.planner.command import accelerators, compare_from_values
+
+    if args.tokens is None:
+        raise TrainplanError("tokens", "choosing needs --tokens (the length of the run)")
+    accs = accelerators(args.hardware, args.hardware_file)
+    model = load_model(args.model)
+    values = vars(args)
+    by_time = compare_from_values({**values, "objective": "time"}, model, accs)
+    by_cost = compare_from_values({**values, "objective": "cost"}, model, accs)
+    result = choose(by_time, by_cost, deadline_h=args.deadline, budget_usd=args.budget)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(result.render())
+    return 0
+
+
 def cmd_cost(args: argparse.Namespace) -> int:
     from trainplan.cost import choose_offering
     from trainplan.hardware import get_accelerator
@@ -473,6 +493,9 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     ),
     "compare": _schema_command(
         "compare", cmd_compare, "the same job on several accelerators, each at its best layout"
+    ),
+    "choose": _schema_command(
+        "choose", cmd_choose, "how to choose a training accelerator: fastest, cheapest to rent, best to buy"
     ),
     "cost": _schema_command("cost", cmd_cost, "buy or rent: owning accelerators against renting them"),
     "serve": _add_serve,

@@ -927,10 +927,25 @@ COMPARE_FIELDS: Final = (
     *GOODPUT_FIELDS,
 )
 """Every field of ``compare`` but the model, in CLI order."""
+CHOOSE_FIELDS: Final = (
+    PLAN_HARDWARE,
+    COMPARE_DEVICES,
+    *(f for f in PLAN_CONSTRAINTS if f.name != "top"),
+    HARDWARE_FILE,
+    *SYSTEM_FIELDS,
+    *(f for f in SEARCH_FIELDS if f.name != "objective"),
+    *open_for_search(RECIPE_FIELDS),
+    *LAYOUT_OPTION_FIELDS,
+    *COST_FIELDS,
+    *GOODPUT_FIELDS,
+)
+"""Every field of ``choose`` but the model: ``compare``'s, over the whole catalog by default, with
+a deadline and a budget (it ranks by time and by cost itself)."""
 COMMANDS: Final[dict[str, tuple[Field, ...]]] = {
     "estimate": (MODEL, HARDWARE, HARDWARE_FILE, *ESTIMATE_FIELDS, JSON, GIB, PLOT),
     "plan": (MODEL, *PLAN_FIELDS, JSON, PLOT),
     "compare": (MODEL, *COMPARE_FIELDS, JSON, PLOT),
+    "choose": (MODEL, *CHOOSE_FIELDS, JSON),
     "export": (MODEL, HARDWARE, HARDWARE_FILE, *LAYOUT_FIELDS, *RECIPE_FIELDS, *EXPORT_FIELDS),
     "cost": (
         dataclasses.replace(HARDWARE, positional=True, required=False),

@@ -536,6 +536,7 @@ class _Context:
     options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS
     host_memory: float | None = None
     reliability: Reliability | None = DEFAULT_RELIABILITY
+    user_prices: frozenset[str] = frozenset()  # accelerators priced by the user (--device-price)
 
 
 def _scalar(ctx: _Context, i: int) -> Estimate:
@@ -547,8 +548,9 @@ def _scalar(ctx: _Context, i: int) -> Estimate:
         ctx.model,
         core.recipe(ctx.base),
         core.layout(dp, zero, ctx.options),
-        price_usd_per_device_hour=ctx.prices[a],
-        provider=None,
+        # the user's price, else the catalog offering _price chose (the estimate names its source)
+        price_usd_per_device_hour=ctx.prices[a] if ctx.accs[a].name in ctx.user_prices else None,
+        provider=ctx.provider if ctx.prices[a] is not None else None,
         pue=ctx.pue,
         reliability=ctx.reliability,
     )
@@ -881,6 +883,7 @@ def plan(
         options=space.layout_options,
         host_memory=host_memory_bytes_per_node,
         reliability=reliability,
+        user_prices=frozenset(prices),
     )
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
     pruned[k_dom] = int(res.dominated.sum())
