@@ -51,6 +51,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         f"{' (early stop)' if est.recipe.recompute in ('full', 'sac') and est.recipe.recompute_early_stop else ''}, "
         f"attention {est.recipe.attention}, offload {est.recipe.offload}",
         f"layout: {est.layout.describe()}",
+        *([f"engine: {est.engine.describe()}"] if est.engine is not None else []),
         "",
         f"memory per device (pipeline stage {mem.stage}, peak in the {mem.peak_phase} phase), {unit} "
         f"(1 {unit} = {'2^30' if binary else '10^9'} bytes):",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainplan.bands import Band, FitVerdict, fit_verdict, memory_band, step_band
 from trainplan.cost import DEFAULT_PUE, RunCost, run_cost
@@ -45,6 +46,9 @@ from trainplan.rlhf import (
 from trainplan.sharding import device_params
 from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
 from trainplan.timing import Throughput, TimeBreakdown, step_time, throughput
+
+if TYPE_CHECKING:
+    from trainplan.engines import Applied
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +87,9 @@ class Estimate:
     """PPO / GRPO / DPO / reward-model training: memory per phase and the RL step's terms
     (:mod:`trainplan.rlhf`). Then ``memory`` is the actor's own training step, ``time`` the whole
     RL step (its RL terms filled in) and ``feasible`` the RL job's fit."""
+    engine: Applied | None = None
+    """The engine that filled the settings the request left unset, where the estimate was built
+    from input fields (``trainplan.engines.resolve``); ``None`` for typed inputs."""
 
     @property
     def feasible(self) -> bool:
@@ -136,6 +143,7 @@ class Estimate:
             "calibration": self.calibration(),
             "feasible": self.feasible,
             "reasons": self.reasons(),
+            **({"engine": self.engine.to_dict()} if self.engine is not None else {}),
         }
         if self.rlhf is not None:
             memory = dict(self.memory.to_dict())

@@ -186,7 +186,13 @@ class Core:
             pp_schedule=self.pp_schedule,
             virtual_stages=self.virtual_stages,
             **cast(
-                Any, options.for_candidate(sequence_parallel=self.sequence_parallel, pp=self.pp, zero=zero)
+                Any,
+                options.for_candidate(
+                    sequence_parallel=self.sequence_parallel,
+                    pp=self.pp,
+                    zero=zero,
+                    pp_schedule=self.pp_schedule,
+                ),
             ),
         )
 
@@ -972,6 +978,10 @@ class BulkEvaluator:
         self._n_comm = len(comm_first)
         self._fkey_flops = flop_of_core[self._fkey_core]
         self._c_sp = tab[:, 4] == 1
+        # LayoutOptions.for_candidate: the schedules on which pipeline overlap applies
+        self._c_pp_overlap_sched = np.isin(
+            tab[:, 9], [sched_code[s] for s in self.options.pp_comm_overlap_schedules]
+        )
         self._c_full = tab[:, 6] == rc_code["full"]
         rc_tab = tab[:, 6]
         # recipe.reruns_forward_hooks / repeats_attention: the recompute modes that rerun the
@@ -1724,7 +1734,7 @@ class BulkEvaluator:
             weight_refetches=np.where(self._c_refetch[core], 3, 2),
             grad_accum_bytes=grad_accum,
             tp_comm_overlap=opts.tp_comm_overlap and self._c_sp[core],
-            pp_comm_overlap=opts.pp_comm_overlap,
+            pp_comm_overlap=opts.pp_comm_overlap & self._c_pp_overlap_sched[core],
             overlap_grad_reduce=opts.overlap_grad_reduce,
         )
         if bound_only:

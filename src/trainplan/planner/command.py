@@ -18,6 +18,7 @@ from trainplan.inputs import (
     build_layout_options,
     build_recipe,
     build_reliability,
+    engine_settings,
     fill_defaults,
     host_memory_bytes,
 )
@@ -125,7 +126,7 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
 def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
     """``plan(...)`` with the request the plan fields describe (the CLI, the web and Python APIs)."""
     recipe, space = request(values, compare_mode=False)
-    return plan(
+    result = plan(
         model,
         recipe,
         accs,
@@ -140,12 +141,19 @@ def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Acc
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
     )
+    return _with_engine(result, values)
+
+
+def _with_engine(result: PlanResult, values: Mapping[str, Any]) -> PlanResult:
+    """``result`` naming the engine that set the request's unset engine settings."""
+    applied = engine_settings(values)
+    return replace(result, engine=applied, notes=(f"engine: {applied.describe()}", *result.notes))
 
 
 def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
     """``compare(...)`` with the request the compare fields describe (the CLI, the web and Python APIs)."""
     recipe, space = request(values, compare_mode=True)
-    return compare(
+    result = compare(
         model,
         recipe,
         accs,
@@ -157,6 +165,7 @@ def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
     )
+    return _with_engine(result, values)
 
 
 def compare_to_dict(result: PlanResult) -> dict[str, object]:
@@ -170,6 +179,7 @@ def compare_to_dict(result: PlanResult) -> dict[str, object]:
         "search": result.stats.to_dict(),
         "notes": list(result.notes),
         "ranking": list(result.ranking),
+        **({"engine": result.engine.to_dict()} if result.engine is not None else {}),
     }
 
 

@@ -24,7 +24,7 @@ import operator
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -215,6 +215,9 @@ class PlanResult:
     per_accelerator: tuple[AcceleratorBest, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     ranking: tuple[str, ...] = ()  # what the bands allow the ranking to say (:func:`ranking_statements`)
+    engine: Any = None
+    """The ``trainplan.engines.Applied`` that filled the request's unset engine settings (plans
+    built from input fields); ``None`` otherwise."""
 
     def to_dict(self) -> dict[str, object]:
         def one(p: Plan | None) -> object:
@@ -242,6 +245,7 @@ class PlanResult:
             "per_accelerator": [b.to_dict() for b in self.per_accelerator],
             "notes": list(self.notes),
             "ranking": list(self.ranking),
+            **({"engine": self.engine.to_dict()} if self.engine is not None else {}),
         }
 
 

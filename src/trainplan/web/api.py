@@ -207,6 +207,7 @@ class EstimateInputs:
     pue: float
     reliability: Any = None
     rlhf: Any = None
+    engine: Any = None  # trainplan.engines.Applied: what the engine set
 
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
@@ -234,13 +235,16 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
         pue=values["pue"],
         reliability=inputs.build_reliability(values),
         rlhf=rlhf_spec(values, model, recipe),
+        engine=inputs.engine_settings(values),
     )
 
 
 def _run_estimate(inp: EstimateInputs) -> Any:
+    from dataclasses import replace
+
     from trainplan.predict import estimate
 
-    return estimate(
+    est = estimate(
         inp.system,
         inp.model,
         inp.recipe,
@@ -251,6 +255,7 @@ def _run_estimate(inp: EstimateInputs) -> Any:
         reliability=inp.reliability,
         rlhf=inp.rlhf,
     )
+    return replace(est, engine=inp.engine)
 
 
 def estimate(body: object) -> dict[str, object]:
