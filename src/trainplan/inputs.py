@@ -108,6 +108,7 @@ class Field:
     repeatable: bool = False
     required: bool = False
     positional: bool = False
+    optional: bool = False  # a positional argument that may be left out (argparse nargs="?")
     metavar: str | None = None
 
     @property
@@ -778,11 +779,38 @@ EXPORT_FIELDS: Final = (
     Field(
         name="to",
         group="export",
-        required=True,
         choices=EXPORT_TARGETS,
-        help="target engine (see docs/export.md)",
+        help="target engine (see docs/export.md; default: the --engine's export target)",
     ),
     Field(name="output", group="export", metavar="FILE", help="write here instead of stdout"),
+    Field(
+        name="plan",
+        group="export",
+        metavar="FILE",
+        help="export a saved plan (`trainplan plan --json` output) instead of a model, --hardware and flags",
+    ),
+    Field(
+        name="rank",
+        group="export",
+        type=int,
+        positive=True,
+        help="with --plan: the ranked plan to export (default: the first one a target can write)",
+    ),
+)
+PLAN_EXPORT_FIELDS: Final = (
+    Field(
+        name="export",
+        group="export",
+        choices=(*EXPORT_TARGETS, "engine"),
+        help="also write the best ranked plan the target can run as its config (engine: the --engine's "
+        "target); ranked plans ahead of it that it cannot run are named",
+    ),
+    Field(
+        name="export_file",
+        group="export",
+        metavar="FILE",
+        help="with --export: write the config here (default: the target's file name)",
+    ),
 )
 VERIFY_FIELDS: Final = (
     Field(
@@ -946,9 +974,16 @@ COMPARE_FIELDS: Final = (
 """Every field of ``compare`` but the model, in CLI order."""
 COMMANDS: Final[dict[str, tuple[Field, ...]]] = {
     "estimate": (MODEL, HARDWARE, HARDWARE_FILE, *ESTIMATE_FIELDS, JSON, GIB, PLOT),
-    "plan": (MODEL, *PLAN_FIELDS, JSON, PLOT),
+    "plan": (MODEL, *PLAN_FIELDS, *PLAN_EXPORT_FIELDS, JSON, PLOT),
     "compare": (MODEL, *COMPARE_FIELDS, JSON, PLOT),
-    "export": (MODEL, HARDWARE, HARDWARE_FILE, *LAYOUT_FIELDS, *RECIPE_FIELDS, *EXPORT_FIELDS),
+    "export": (
+        dataclasses.replace(MODEL, optional=True),
+        dataclasses.replace(HARDWARE, required=False),
+        HARDWARE_FILE,
+        *LAYOUT_FIELDS,
+        *RECIPE_FIELDS,
+        *EXPORT_FIELDS,
+    ),
     "cost": (
         dataclasses.replace(HARDWARE, positional=True, required=False),
         HARDWARE_FILE,
@@ -1029,6 +1064,8 @@ def add_arguments(parser: argparse.ArgumentParser, fields: Sequence[Field]) -> N
         if f.type is not str:
             kw["type"] = _argparse_type(f)
         if f.positional:
+            if f.optional:
+                kw["nargs"] = "?"
             target.add_argument(f.name, **kw)
             continue
         if f.repeatable:
@@ -1233,7 +1270,7 @@ def fields_markdown() -> str:
     for f in all_fields():
         commands = ", ".join(c for c, fields in COMMANDS.items() if any(_same(f, g) for g in fields))
         kind = ("list of " if f.repeatable else "") + f.type.__name__ + (" > 0" if f.positive else "")
-        default = "required" if f.required or f.positional else _cell(f.default)
+        default = "required" if f.required or (f.positional and not f.optional) else _cell(f.default)
         if f.name in ENGINE_FIELDS and f.default is None:
             default = "the engine's"
         elif f.name == "engine":
