@@ -32,7 +32,7 @@ Errors show the arithmetic, e.g. ``tp=3 does not divide 32 attention heads``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from trainplan.errors import LayoutError
 from trainplan.models.spec import ModelSpec
@@ -358,3 +358,13 @@ class Layout:
 
 
 DEFAULT_LAYOUT_OPTIONS: Final = LayoutOptions()
+
+
+def nearest_micro_batches(global_batch: Any, per_step: Any) -> Any:
+    """Micro-batches per step of the valid global batch nearest ``global_batch`` (sequences): the
+    multiple of ``per_step`` = dp·micro_batch closest to it (halves round up), at least one —
+    what the planner trains with where dp·micro_batch does not divide the requested batch.
+    Integer arithmetic, for ints and integer arrays alike (``num.Int``)."""
+    from trainplan.num import maximum
+
+    return maximum((global_batch + per_step // 2) // per_step, 1)

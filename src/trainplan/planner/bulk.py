@@ -86,6 +86,7 @@ from trainplan.layout import (
     Layout,
     LayoutOptions,
     PipelineSchedule,
+    nearest_micro_batches,
 )
 from trainplan.memory import (
     CUDA_CONTEXT_BYTES,
@@ -1363,10 +1364,9 @@ class BulkEvaluator:
         invalid = np.zeros(n, dtype=np.int64)
 
         gb = int(self.base.global_batch or 0)
-        per_step = dpi * mb
-        bad_batch = gb % np.maximum(per_step, 1) != 0
-        invalid[bad_batch] = INVALID_BATCH
-        m = np.where(bad_batch, 1, gb // np.maximum(per_step, 1))
+        per_step = np.maximum(dpi * mb, 1)
+        # a global batch dp·micro_batch does not divide trains as the nearest one it does
+        m = np.asarray(nearest_micro_batches(gb, per_step), dtype=np.int64)
         mf = m.astype(np.float64)
         if self.base.optimizer_in_backward:
             invalid[(m > 1) & (invalid == 0)] = INVALID_OPT_IN_BWD
@@ -1743,7 +1743,8 @@ class BulkEvaluator:
         step_s = terms["step_s"]
 
         # --- throughput and run (timing.throughput, cost.run_cost) ------------------------------
-        tps = self._tokens_per_step / step_s
+        # tokens per step of each candidate's global batch (dp·micro_batch·m sequences)
+        tps = (dpi * self._c_int["micro_batch"][core] * m).astype(np.float64) * self.base.seq_len / step_s
         mfu = flops_utilisation(self._c_model_flops[core], devices, col("peak"), step_s)
         tokens = self.base.tokens
         power = average_power_w(col("tdp"), terms["compute_s"], step_s)

@@ -35,7 +35,7 @@ from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
 from trainplan.inputs import DEFAULT_MAX_DEVICES, OBJECTIVES
-from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions
+from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions, nearest_micro_batches
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.bulk import (
     INVALID_REASONS,
@@ -426,11 +426,10 @@ def enumerate_candidates(
         ],
         dtype=np.int64,
     ).reshape(len(cores), 7)
-    tp, mp, cp, ep, off, prec, mbs = (np.ascontiguousarray(tab[:, j]) for j in range(7))
+    tp, mp, cp, ep, off, prec, _mbs = (np.ascontiguousarray(tab[:, j]) for j in range(7))
     tp_max = int(tp.max(initial=1))
     off_none, off_params = off_code["none"], off_code["optimizer+params"]
     zeros = np.array(space.zero_stages, dtype=np.int64)
-    gb = global_batch or 0
     blocks: list[tuple[npt.NDArray[np.int64], ...]] = []
     # block id (-1: empty) and drop counts per (device count, domain, supported precisions)
     built: dict[tuple[int, int, tuple[str, ...]], tuple[int, dict[str, int]]] = {}
@@ -456,10 +455,6 @@ def enumerate_candidates(
         need_zero = ((offz != off_none) & (zi == 0)) | ((offz == off_params) & (zi != 3))
         drops["invalid: CPU offload needs ZeRO >= 1 (parameters: ZeRO 3)"] = int((keep & need_zero).sum())
         keep &= ~need_zero
-        if gb:
-            bad_gb = gb % (dpi * mbs[ci]) != 0
-            drops["invalid: global batch is not a multiple of dp·micro_batch"] = int((keep & bad_gb).sum())
-            keep &= ~bad_gb
         dup2 = (shard == 1) & (zi == 2)
         dup1 = (shard == 1) & (zi == 1) & (offz == off_none)
         k = "duplicate: ZeRO 1/2 with dp·cp = 1 equal ZeRO 1/0 (nothing to shard)"
@@ -546,16 +541,49 @@ def _scalar(ctx: _Context, i: int) -> Estimate:
     """The scalar estimate of candidate ``i`` (the planner's answer is always this one)."""
     a, n, dp, zero, c = ctx.cand.at(i)
     core = ctx.cores[c]
+    recipe = core.recipe(ctx.base)
+    per_step = dp * core.micro_batch
+    gb = int(nearest_micro_batches(int(ctx.base.global_batch or 0), per_step)) * per_step
     return estimate(
         System(accelerator=ctx.accs[a], num_devices=n, host_memory_bytes_per_node=ctx.host_memory),
         ctx.model,
-        core.recipe(ctx.base),
+        recipe if gb == recipe.global_batch else replace(recipe, global_batch=gb),
         core.layout(dp, zero, ctx.options),
         price_usd_per_device_hour=ctx.prices[a],
         provider=None,
         pue=ctx.pue,
         reliability=ctx.reliability,
     )
+
+
+def _no_candidate_message(
+    skipped: Mapping[str, str], pruned: Mapping[str, int], invalid: Mapping[str, int], space: SearchSpace
+) -> str:
+    """Why no layout was left to evaluate: skipped accelerators, then the filters that removed
+    candidates (largest first); never an empty reason."""
+    reasons = [f"{k}: {v}" for k, v in skipped.items()]
+    drops = sorted(((v, k) for k, v in {**pruned, **invalid}.items() if v), reverse=True)
+    reasons += [f"{k} ({v:,} layouts)" for v, k in drops]
+    if not reasons:
+        counts = space.device_counts or f"the device ladder up to --max-devices {space.max_devices}"
+        reasons = [f"no layout of the model divides the device counts searched ({counts})"]
+    return "no candidate layout: " + "; ".join(reasons)
+
+
+def _rounded_batch_notes(global_batch: int, plans: Sequence[Plan]) -> list[str]:
+    """Say which plans train with another global batch than the one requested (the nearest
+    multiple of their dp·micro_batch, ``layout.nearest_micro_batches``)."""
+    rounded = {
+        f"{p.label} {p.estimate.layout.describe()}: {p.estimate.recipe.global_batch}"
+        for p in plans
+        if p.estimate.recipe.global_batch != global_batch
+    }
+    if not rounded:
+        return []
+    return [
+        f"global batch {global_batch} is not a multiple of dp·micro-batch everywhere: those plans train "
+        "with the nearest multiple (" + "; ".join(sorted(rounded)) + ")"
+    ]
 
 
 def candidate_estimate(ctx: _Context, i: int) -> Estimate:
@@ -648,8 +676,9 @@ class _Planner:
     def __init__(self, ctx: _Context) -> None:
         self.ctx = ctx
         res, cand = ctx.res, ctx.cand
-        # representatives: fastest feasible layout per (accelerator, devices), ties broken by
-        # memory, core, ZeRO stage, index (the first of a sort by step time and those keys)
+        # representatives: fastest feasible layout per (accelerator, devices), ties broken toward
+        # the simpler plan — less offload, a lower ZeRO stage, less model parallelism — then by
+        # memory, core and index (the first of a sort by step time and those keys)
         idx = res.timed
         step = res.times["step_s"]
         fc = cand.take(idx)
@@ -659,7 +688,12 @@ class _Planner:
         np.fmin.at(best, gid, step)
         tied = np.flatnonzero(step == best[gid])
         per_device = res.memory_at("per_device", idx[tied])
-        order = np.lexsort((idx[tied], fc.zero[tied], fc.core[tied], per_device, step[tied]))
+        offload_rank = np.array([OFFLOADS.index(c.offload) for c in ctx.cores], dtype=np.int64)
+        model_parallel = np.array([c.tp * c.pp * c.cp * c.ep for c in ctx.cores], dtype=np.int64)
+        tc = fc.core[tied]
+        order = np.lexsort(
+            (idx[tied], tc, per_device, model_parallel[tc], fc.zero[tied], offload_rank[tc], step[tied])
+        )
         tied = tied[order]
         _, first = np.unique(group[tied], return_index=True)
         pos = tied[np.sort(first)]
@@ -869,9 +903,7 @@ def plan(
     )
     res = ev.evaluate(cand, prune_slower=True) if len(cand) else None
     if res is None:
-        raise TrainplanError(
-            "hardware", "no candidate layout: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())
-        )
+        raise TrainplanError("hardware", _no_candidate_message(skipped, pruned, invalid_cores, space))
     ctx = _Context(
         model=model,
         base=base,
@@ -1040,6 +1072,7 @@ def plan(
             "no price for " + ", ".join(unpriced) + ": planned for time; cost shown as 'no price' "
             "(give --device-price NAME=USD)"
         )
+    notes.extend(_rounded_batch_notes(int(base.global_batch or 0), [*plans, *([closest] if closest else [])]))
     stats = SearchStats(
         candidates=len(cand),
         valid=counts[VALID],
