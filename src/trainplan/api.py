@@ -110,6 +110,7 @@ def _predict(
         pue=values["pue"],
         reliability=inputs.build_reliability(values),
         rlhf=rlhf_spec(values, model, recipe),
+        memory_margin=values.get("memory_margin", 0.0),
     )
 
 

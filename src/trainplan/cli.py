@@ -157,6 +157,11 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         lines.append(
             f"FITS: {100 * mem.per_device_bytes / mem.capacity_bytes:.0f}% of device memory, "
             f"{free / (GiB if binary else GB):.2f} {unit} free"
+            + (
+                f" (--memory-margin {mem.memory_margin:g} keeps at least {100 * mem.memory_margin:g}%)"
+                if mem.memory_margin
+                else ""
+            )
         )
     else:
         lines.append("DOES NOT FIT: " + "; ".join(mem.reasons()))

@@ -36,6 +36,7 @@ from trainplan.layout import (
     Layout,
     LayoutOptions,
 )
+from trainplan.memory import DEFAULT_MEMORY_MARGIN
 from trainplan.ownership import (
     DEFAULT_NETWORK_FRACTION,
     DEFAULT_USD_PER_KW_MONTH,
@@ -261,7 +262,17 @@ HOST_MEMORY: Final = Field(
     help="CPU memory per server in GB (10^9 bytes), for offloaded states "
     "(default: the catalog's reference server; see `trainplan hardware show`)",
 )
-SYSTEM_FIELDS: Final = (HOST_MEMORY,)
+MEMORY_MARGIN: Final = Field(
+    name="memory_margin",
+    group="hardware",
+    type=float,
+    default=DEFAULT_MEMORY_MARGIN,
+    metavar="FRACTION",
+    help="fraction of device memory a plan leaves free: it fits when its peak is at most "
+    f"capacity·(1 − margin), in estimate and plan alike (default {DEFAULT_MEMORY_MARGIN:g}: the peak "
+    "already counts the CUDA context and allocator fragmentation; e.g. 0.1 keeps a tenth free)",
+)
+SYSTEM_FIELDS: Final = (HOST_MEMORY, MEMORY_MARGIN)
 
 
 def host_memory_bytes(values: Mapping[str, Any]) -> float | None:

@@ -246,6 +246,7 @@ def estimate(
     pue: float = DEFAULT_PUE,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
     rlhf: RLHFSpec | None = None,
+    memory_margin: float = 0.0,
 ) -> Estimate:
     """Predict memory, step time, throughput and run cost of one training configuration.
 
@@ -254,7 +255,9 @@ def estimate(
 
     PPO, GRPO, DPO and ``rm`` are RL / preference steps (:mod:`trainplan.rlhf`): ``rlhf`` gives
     their models and rollout (default: every model the policy's architecture, the sequence split
-    half prompt, half generation)."""
+    half prompt, half generation).
+
+    ``memory_margin``: the fraction of device memory a fitting plan leaves free."""
     if layout.num_devices != system.num_devices:
         raise TrainplanError(
             "devices",
@@ -285,6 +288,7 @@ def estimate(
         num_microbatches=nmb,
         host_capacity_bytes_per_node=system.host_memory_bytes_per_node,
         devices_on_node=system.devices_on_a_node,
+        memory_margin=memory_margin,
     )
     time = step_time(system, model, recipe, layout, memory=mem)
     rl: RLHFEstimate | None = None

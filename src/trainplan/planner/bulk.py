@@ -95,11 +95,13 @@ from trainplan.memory import (
     _model_states,
     _States,
     capped_inflight,
+    check_memory_margin,
     grads_live_at_backward_start,
     held_microbatches,
     host_fits,
     stage_activations,
     stage_memory_fields,
+    usable_bytes,
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
@@ -715,7 +717,10 @@ class BulkEvaluator:
         options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS,
         host_memory_bytes_per_node: float | None = None,
         reliability: Reliability | None = DEFAULT_RELIABILITY,
+        memory_margin: float = 0.0,
     ) -> None:
+        check_memory_margin(memory_margin)
+        self.memory_margin = memory_margin
         if base.global_batch is None:
             raise TrainplanError("global_batch", "the planner needs a fixed global batch")
         self.model = model
@@ -1285,7 +1290,7 @@ class BulkEvaluator:
             f = (
                 r_ok[lo:hi]
                 & ~s_bad[ss, None]
-                & (r_pd[lo:hi] <= s_cap[ss, None])
+                & (r_pd[lo:hi] <= usable_bytes(s_cap[ss, None], self.memory_margin))
                 & host_fits(r_host[lo:hi], s_on_node[ss, None], s_host_cap[ss, None])
             )
             tw = r_twin[lo:hi]

@@ -140,6 +140,7 @@ def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Acc
         pue=values["pue"],
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
+        memory_margin=values["memory_margin"],
     )
     return _with_engine(result, values)
 
@@ -164,6 +165,7 @@ def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[
         pue=values["pue"],
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
+        memory_margin=values["memory_margin"],
     )
     return _with_engine(result, values)
 

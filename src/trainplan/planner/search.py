@@ -535,6 +535,7 @@ class _Context:
     options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS
     host_memory: float | None = None
     reliability: Reliability | None = DEFAULT_RELIABILITY
+    memory_margin: float = 0.0
 
 
 def _scalar(ctx: _Context, i: int) -> Estimate:
@@ -553,6 +554,7 @@ def _scalar(ctx: _Context, i: int) -> Estimate:
         provider=None,
         pue=ctx.pue,
         reliability=ctx.reliability,
+        memory_margin=ctx.memory_margin,
     )
 
 
@@ -759,22 +761,29 @@ class _Planner:
         )
 
     def compare_line(self, i: int, j: int) -> str:
-        """Why plan j loses against plan i (or what it trades)."""
+        """Why plan j loses against plan i (or what it trades): "dominated" when it takes longer
+        and costs no less; the same cost (within half a percent or $0.50) is said once as such."""
         r = self.fig
         ti, tj = r.time_s[i], r.time_s[j]
         if math.isnan(ti):
             ti, tj = r.step_s[i], r.step_s[j]
         ci, cj = r.cost_usd[i], r.cost_usd[j]
         speed = f"{tj / ti:.2f}× the time" if tj >= ti else f"{ti / tj:.2f}× faster"
+        priced = not (math.isnan(ci) or math.isnan(cj))
+        same_cost = priced and abs(cj - ci) <= max(0.5, 0.005 * abs(ci))
         if math.isnan(cj):
             money = "no price known"
         elif math.isnan(ci):
             money = f"costs {_fmt_usd(cj)}"
-        elif cj >= ci:
+        elif same_cost:
+            money = f"the same cost ({_fmt_usd(cj)})"
+        elif cj > ci:
             money = f"{_fmt_usd(cj - ci)} more ({_fmt_usd(cj)})"
         else:
             money = f"{_fmt_usd(ci - cj)} cheaper ({_fmt_usd(cj)})"
-        return f"{self.label(j)} ({self.est_layout(j)}): {speed}, {money}"
+        dominated = tj > ti and priced and (same_cost or cj > ci)
+        verdict = "dominated: " if dominated else ("trade-off: " if priced and tj < ti and cj > ci else "")
+        return f"{self.label(j)} ({self.est_layout(j)}): {verdict}{speed}, {money}"
 
     def est_layout(self, j: int) -> str:
         *_, dp, zero, c = self.ctx.cand.at(j)
@@ -836,6 +845,7 @@ def plan(
     with_per_accelerator: bool = False,
     host_memory_bytes_per_node: float | None = None,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
+    memory_margin: float = 0.0,
 ) -> PlanResult:
     """Search accelerators × device counts × layouts for ``model`` trained with ``recipe``.
 
@@ -843,7 +853,8 @@ def plan(
     fields listed in ``space`` (micro-batch, recompute, offload, precision) are searched over the
     values given there. ``prices`` overrides the catalog price per accelerator name ($/device-hour).
     ``host_memory_bytes_per_node`` overrides the catalog's server CPU memory, against which
-    offloaded states are checked (``memory.host_fits``).
+    offloaded states are checked (``memory.host_fits``). ``memory_margin``: the fraction of device
+    memory every plan leaves free (``memory.usable_bytes``, as estimate's ``fits``).
     """
     t0 = time.perf_counter()
     space = space or SearchSpace()
@@ -889,6 +900,7 @@ def plan(
         options=space.layout_options,
         host_memory_bytes_per_node=host_memory_bytes_per_node,
         reliability=reliability,
+        memory_margin=memory_margin,
     )
     unchecked = [a.name for a in accs if a.host_memory_bytes_per_node is None]
     if host_memory_bytes_per_node is None and unchecked and any(o != "none" for o in space.offloads):
@@ -917,6 +929,7 @@ def plan(
         options=space.layout_options,
         host_memory=host_memory_bytes_per_node,
         reliability=reliability,
+        memory_margin=memory_margin,
     )
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
     pruned[k_dom] = int(res.dominated.sum())
@@ -1118,6 +1131,7 @@ def compare(
     pue: float = DEFAULT_PUE,
     host_memory_bytes_per_node: float | None = None,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
+    memory_margin: float = 0.0,
 ) -> PlanResult:
     """The same job on each accelerator at its best layout and device count (``per_accelerator``)."""
     return plan(
@@ -1133,4 +1147,5 @@ def compare(
         with_per_accelerator=True,
         host_memory_bytes_per_node=host_memory_bytes_per_node,
         reliability=reliability,
+        memory_margin=memory_margin,
     )

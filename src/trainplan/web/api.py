@@ -208,6 +208,7 @@ class EstimateInputs:
     reliability: Any = None
     rlhf: Any = None
     engine: Any = None  # trainplan.engines.Applied: what the engine set
+    memory_margin: float = 0.0  # fraction of device memory a fitting plan leaves free
 
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
@@ -236,6 +237,7 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
         reliability=inputs.build_reliability(values),
         rlhf=rlhf_spec(values, model, recipe),
         engine=inputs.engine_settings(values),
+        memory_margin=values["memory_margin"],
     )
 
 
@@ -254,6 +256,7 @@ def _run_estimate(inp: EstimateInputs) -> Any:
         pue=inp.pue,
         reliability=inp.reliability,
         rlhf=inp.rlhf,
+        memory_margin=inp.memory_margin,
     )
     return replace(est, engine=inp.engine)
 
