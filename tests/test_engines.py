@@ -238,3 +238,13 @@ def test_a_registered_engine_is_used_by_its_name() -> None:
     finally:
         del ENGINES["my-fsdp"]
     assert isinstance(base, Engine)
+
+
+def test_docs_engines_table_is_current() -> None:
+    from pathlib import Path
+
+    from trainplan.engines import engines_markdown
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text(encoding="utf-8")
+    table = text.split("<!-- engines: generated -->\n", 1)[1].split("<!-- end of engines -->", 1)[0]
+    assert table == engines_markdown(), "docs/engines.md is out of date: regenerate it with engines_markdown()"

@@ -200,7 +200,7 @@ register(
 register(
     _megatron_family(
         "nemo",
-        "NeMo 2 / Megatron Bridge (Megatron-Core underneath)",
+        "NeMo 2 / Megatron Bridge",
         "Megatron Bridge 0.2 (NeMo 25.11)",
         Setting(
             value=True,
@@ -412,3 +412,26 @@ def resolve(values: Mapping[str, object]) -> Applied:
             out[name] = given
             explicit.append(name)
     return Applied(engine=engine, values=out, explicit=tuple(explicit), default=values.get("engine") is None)
+
+
+def engines_markdown() -> str:
+    """The table of every engine and what it sets, in docs/engines.md (tests/test_engines.py
+    checks it is current)."""
+    names = tuple(ENGINE_FIELDS)
+    lines = [
+        "| engine | version | " + " | ".join(names) + " | export target |",
+        "|---" * (len(names) + 3) + "|",
+    ]
+    for e in ENGINES.values():
+        s = e.settings()
+        cells = [f"`{_show(s[n].value)}`" for n in names]
+        lines.append(
+            f"| `{e.name}` ({e.title}) | {e.version} | " + " | ".join(cells) + f" | {e.export_target or '—'} |"
+        )
+    lines += ["", "Sources:", ""]
+    for e in ENGINES.values():
+        lines.append(f"* `{e.name}`:")
+        lines += [f"  * `{n}` = `{_show(v.value)}`: {v.source}" for n, v in e.settings().items()]
+        if e.export_note:
+            lines.append(f"  * export: {e.export_note}")
+    return "\n".join(lines) + "\n"
