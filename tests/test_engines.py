@@ -247,4 +247,27 @@ def test_docs_engines_table_is_current() -> None:
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text(encoding="utf-8")
     table = text.split("<!-- engines: generated -->\n", 1)[1].split("<!-- end of engines -->", 1)[0]
-    assert table == engines_markdown(), "docs/engines.md is out of date: regenerate it with engines_markdown()"
+    assert table == engines_markdown(), (
+        "docs/engines.md is out of date: regenerate it with engines_markdown()"
+    )
+
+
+def test_a_named_engine_runs_only_what_it_has(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["estimate", "llama-3.1-8b", "--hardware", "h100-sxm", "--devices", "8"]
+    capsys.readouterr()
+    assert main([*base, "--zero", "1", "--engine", "torchtitan"]) == 2
+    assert "torchtitan has no ZeRO-1; it has ZeRO 0, 2, 3" in capsys.readouterr().err
+    assert main([*base, "--recompute", "sac", "--engine", "megatron"]) == 2
+    assert "megatron has no 'sac' recompute" in capsys.readouterr().err
+    # the default engine, named by nobody, holds a request to nothing
+    assert main([*base, "--zero", "3", "--recompute", "sac"]) == 0
+    capsys.readouterr()
+    # the planner searches only what the named engine runs
+    out = cli_json(
+        capsys, "plan", "llama-3.1-8b", "--hardware", "h100-sxm", "--max-devices", "16", "--engine", "torchtitan",
+        "--tokens", "1e9", "--top", "10", "--json",
+    )  # fmt: skip
+    assert out["plans"]
+    for p in out["plans"]:
+        assert p["layout"]["zero"] in (0, 2, 3) and p["recipe"]["recompute"] in ("none", "full", "sac")
+    assert out["engine"]["zero_stages"] == [0, 2, 3]

@@ -59,12 +59,23 @@ class Engine:
     export_target: str | None
     """The ``trainplan export --to`` target that writes this engine's config; ``None`` when
     trainplan writes none (``export_note`` says which target comes closest)."""
+    recomputes: Setting[tuple[str, ...]]
+    """The ``--recompute`` modes the engine runs (its activation-checkpointing options)."""
+    zero_stages: Setting[tuple[int, ...]]
+    """The ZeRO stages its data parallelism has (DDP = 0, FSDP full shard = 3)."""
     export_note: str = ""
+
+    def capabilities(self) -> dict[str, Setting[tuple[object, ...]]]:
+        """What the engine can run: a request naming the engine is held to these, and the
+        planner searches only these (``recomputes``, ``zero_stages``)."""
+        return {"recomputes": self.recomputes, "zero_stages": self.zero_stages}  # type: ignore[dict-item]
 
     def settings(self) -> dict[str, Setting[object]]:
         """Each setting by name, in declaration order."""
         return {
-            f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Setting)
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Setting) and f.name not in ("recomputes", "zero_stages")
         }
 
     def pp_comm_overlap_on(self, pp_schedule: str) -> bool:
@@ -82,10 +93,24 @@ _NO_TP_OVERLAP_PYTORCH = (
 )
 
 
+_MEGATRON_RECOMPUTES: Final[Setting[tuple[str, ...]]] = Setting(
+    value=("none", "selective", "full"),
+    source=f"{_MLM} megatron/training/arguments.py --recompute-granularity full | selective "
+    "(selective: the attention core)",
+)
+_MEGATRON_ZERO: Final[Setting[tuple[int, ...]]] = Setting(
+    value=(0, 1, 2, 3),
+    source=f"{_MLM} --use-distributed-optimizer (1); Megatron-FSDP --data-parallel-sharding-strategy "
+    "optim_grads (2) / optim_grads_params (3)",
+)
+
+
 def _megatron_family(
     name: str, title: str, version: str, tp_overlap: Setting[bool], export: str | None, note: str = ""
 ) -> Engine:
     return Engine(
+        recomputes=_MEGATRON_RECOMPUTES,
+        zero_stages=_MEGATRON_ZERO,
         name=name,
         title=title,
         version=version,
@@ -136,9 +161,13 @@ def _pytorch_family(
     pp_overlap: Setting[PpOverlap],
     accumulation: Setting[Accumulation],
     export: str | None,
+    recomputes: Setting[tuple[str, ...]],
+    zero_stages: Setting[tuple[int, ...]],
     note: str = "",
 ) -> Engine:
     return Engine(
+        recomputes=recomputes,
+        zero_stages=zero_stages,
         name=name,
         title=title,
         version=version,
@@ -173,6 +202,14 @@ _AUTOGRAD: Final[Setting[Accumulation]] = Setting(
 _NO_TP_OVERLAP: Final[Setting[bool]] = Setting(value=False, source=_NO_TP_OVERLAP_PYTORCH)
 _NO_PP_OVERLAP: Final[Setting[PpOverlap]] = Setting(value="never", source="no pipeline schedule of its own")
 _BLOCK: Final[Setting[Granularity]] = Setting(value="block", source=_BLOCK_FSDP)
+_BLOCK_RECOMPUTE: Final[Setting[tuple[str, ...]]] = Setting(
+    value=("none", "full"),
+    source="torch.utils.checkpoint around each block (gradient/activation checkpointing)",
+)
+_ACCELERATE_ZERO: Final[Setting[tuple[int, ...]]] = Setting(
+    value=(0, 1, 2, 3),
+    source="huggingface/accelerate: DDP (0), DeepSpeed plugin (1, 2, 3), FSDP SHARD_GRAD_OP (2) / FULL_SHARD (3)",
+)
 
 ENGINES: dict[str, Engine] = {}
 """Every engine by name (:func:`register` adds one)."""
@@ -238,6 +275,16 @@ register(
         ),
         accumulation=_FSDP_FUSED,
         export="torchtitan",
+        recomputes=Setting(
+            value=("none", "full", "sac"),
+            source=f"{_TT} torchtitan/config/job_config.py [activation_checkpoint] mode = none | full | "
+            "selective (selective_ac_option = op: per-op SAC)",
+        ),
+        zero_stages=Setting(
+            value=(0, 2, 3),
+            source=f"{_TT} torchtitan/config/job_config.py: data_parallel_replicate_degree (DDP), FSDP2 "
+            "fsdp_reshard_after_forward = never (2) / default (3); no optimizer-only sharding",
+        ),
     )
 )
 register(
@@ -255,6 +302,13 @@ register(
         pp_overlap=_NO_PP_OVERLAP,
         accumulation=_FSDP_FUSED,
         export=None,
+        recomputes=Setting(
+            value=("none", "full"),
+            source="pytorch/torchtune recipes: enable_activation_checkpointing (whole blocks)",
+        ),
+        zero_stages=Setting(
+            value=(0, 3), source="pytorch/torchtune recipes: single device, or FSDP2 fully_shard (full shard)"
+        ),
         note="trainplan writes no torchtune recipe YAML; the torchtitan target writes the same FSDP2 job",
     )
 )
@@ -273,6 +327,8 @@ register(
         pp_overlap=_NO_PP_OVERLAP,
         accumulation=_AUTOGRAD,
         export="accelerate",
+        recomputes=_BLOCK_RECOMPUTE,
+        zero_stages=_ACCELERATE_ZERO,
     )
 )
 register(
@@ -290,6 +346,8 @@ register(
         pp_overlap=_NO_PP_OVERLAP,
         accumulation=_AUTOGRAD,
         export="accelerate",
+        recomputes=_BLOCK_RECOMPUTE,
+        zero_stages=_ACCELERATE_ZERO,
         note="the Trainer runs under `accelerate launch`; the accelerate target writes that config",
     )
 )
@@ -318,6 +376,10 @@ register(
             "the partition's FP32 buffer per micro-batch (the add is neglected)",
         ),
         export="deepspeed",
+        recomputes=_BLOCK_RECOMPUTE,
+        zero_stages=Setting(
+            value=(0, 1, 2, 3), source="deepspeedai/DeepSpeed zero_optimization.stage 0-3 (ds_config.json)"
+        ),
     )
 )
 
@@ -367,6 +429,8 @@ class Applied:
             "version": self.engine.version,
             "default": self.default,
             "export_target": self.engine.export_target,
+            "recomputes": list(self.engine.recomputes.value),
+            "zero_stages": list(self.engine.zero_stages.value),
             "settings": {
                 name: {
                     "value": self.values[name],
@@ -388,6 +452,27 @@ class Applied:
         if self.explicit:
             line += "; given by flag: " + ", ".join(f"{n}={_show(self.values[n])}" for n in self.explicit)
         return line
+
+
+def check_capabilities(applied: Applied, *, recompute: str | None, zero: int | None) -> None:
+    """A request that names its engine is held to what that engine runs: a ``--recompute`` mode
+    or ZeRO stage the engine lacks is an error naming the ones it has. The default engine, named
+    by nobody, holds no request to anything."""
+    if applied.default:
+        return
+    e = applied.engine
+    if recompute is not None and recompute not in e.recomputes.value:
+        raise TrainplanError(
+            "recompute",
+            f"{e.name} has no {recompute!r} recompute; it runs {', '.join(e.recomputes.value)} "
+            f"({e.recomputes.source})",
+        )
+    if zero is not None and zero not in e.zero_stages.value:
+        raise TrainplanError(
+            "zero",
+            f"{e.name} has no ZeRO-{zero}; it has ZeRO {', '.join(str(z) for z in e.zero_stages.value)} "
+            f"({e.zero_stages.source})",
+        )
 
 
 def _show(value: object) -> str:
@@ -419,19 +504,23 @@ def engines_markdown() -> str:
     checks it is current)."""
     names = tuple(ENGINE_FIELDS)
     lines = [
-        "| engine | version | " + " | ".join(names) + " | export target |",
-        "|---" * (len(names) + 3) + "|",
+        "| engine | version | " + " | ".join(names) + " | recompute | ZeRO | export target |",
+        "|---" * (len(names) + 5) + "|",
     ]
     for e in ENGINES.values():
         s = e.settings()
         cells = [f"`{_show(s[n].value)}`" for n in names]
+        caps = f"{', '.join(e.recomputes.value)} | {', '.join(str(z) for z in e.zero_stages.value)}"
         lines.append(
-            f"| `{e.name}` ({e.title}) | {e.version} | " + " | ".join(cells) + f" | {e.export_target or '—'} |"
+            f"| `{e.name}` ({e.title}) | {e.version} | "
+            + " | ".join(cells)
+            + f" | {caps} | {e.export_target or '—'} |"
         )
     lines += ["", "Sources:", ""]
     for e in ENGINES.values():
         lines.append(f"* `{e.name}`:")
         lines += [f"  * `{n}` = `{_show(v.value)}`: {v.source}" for n, v in e.settings().items()]
+        lines += [f"  * {n}: {', '.join(map(str, c.value))}: {c.source}" for n, c in e.capabilities().items()]
         if e.export_note:
             lines.append(f"  * export: {e.export_note}")
     return "\n".join(lines) + "\n"

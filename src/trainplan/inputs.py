@@ -24,7 +24,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from trainplan.cost import DEFAULT_PUE
-from trainplan.engines import DEFAULT_ENGINE, ENGINE_FIELDS, ENGINE_NAMES, Applied, resolve
+from trainplan.engines import (
+    DEFAULT_ENGINE,
+    ENGINE_FIELDS,
+    ENGINE_NAMES,
+    Applied,
+    check_capabilities,
+    resolve,
+)
 from trainplan.errors import TrainplanError
 from trainplan.export import TARGETS as EXPORT_TARGETS
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
@@ -1176,6 +1183,7 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
             f"--actor lora), not {method}",
         )
     applied = engine_settings(values)
+    check_capabilities(applied, recompute=values.get("recompute"), zero=None)
     return Recipe(
         method=method,
         precision=values["precision"],
@@ -1226,7 +1234,9 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
     engine's tensor-parallel overlap with sequence parallelism, its pipeline overlap on the
     schedules it overlaps, its ZeRO-3 granularity with ZeRO-3."""
     options = build_layout_options(values)
-    explicit = engine_settings(values).explicit
+    applied_engine = engine_settings(values)
+    check_capabilities(applied_engine, recompute=None, zero=values["zero"])
+    explicit = applied_engine.explicit
     sp = values.get("sequence_parallel", False)
     applied = options.for_candidate(
         sequence_parallel=sp, pp=values["pp"], zero=values["zero"], pp_schedule=values["pp_schedule"]

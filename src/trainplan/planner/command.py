@@ -113,7 +113,8 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
         micro_batches=(values["micro_batch"],)
         if values["micro_batch"] is not None
         else DEFAULT_MICRO_BATCHES,
-        recomputes=(values["recompute"],) if values["recompute"] is not None else RECOMPUTES,
+        recomputes=(values["recompute"],) if values["recompute"] is not None else engine_recomputes(values),
+        zero_stages=engine_zero_stages(values),
         offloads=offloads,
         precisions=precisions,  # type: ignore[arg-type]
         max_devices=max_devices,
@@ -121,6 +122,22 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
         layout_options=build_layout_options(values),
     )
     return replace(recipe), space
+
+
+def engine_recomputes(values: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The recompute modes searched: every one, or those of the engine the request names."""
+    applied = engine_settings(values)
+    return (
+        RECOMPUTES
+        if applied.default
+        else tuple(r for r in RECOMPUTES if r in applied.engine.recomputes.value)
+    )
+
+
+def engine_zero_stages(values: Mapping[str, Any]) -> tuple[int, ...]:
+    """The ZeRO stages searched: all four, or those of the engine the request names."""
+    applied = engine_settings(values)
+    return (0, 1, 2, 3) if applied.default else tuple(applied.engine.zero_stages.value)
 
 
 def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
