@@ -112,6 +112,7 @@ def _predict(
         rlhf=rlhf_spec(values, model, recipe),
         memory_margin=values.get("memory_margin", 0.0),
     )
+    return replace(est, engine=inputs.engine_settings(values)) if from_fields else est
 
 
 def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> RLHFSpec | None:
@@ -164,7 +165,6 @@ def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> R
         placement=values.get("placement") or "colocated",
         **optional,
     )
-    return replace(est, engine=inputs.engine_settings(values)) if from_fields else est
 
 
 def estimate(
