@@ -144,3 +144,8 @@ def test_no_candidate_error_names_why() -> None:
         trainplan.plan("llama-3.1-8b", hardware="h100-sxm", precision="fp4", tokens=1e9)
     message = info.value.message
     assert message.startswith("no candidate layout: h100-sxm: supports none of the precisions searched")
+
+
+def test_memory_margin_is_refused_where_it_is_not_applied() -> None:
+    with pytest.raises(TrainplanError, match="memory_margin"):
+        trainplan.estimate("llama-3.2-1b", hardware="h100-sxm", method="grpo", memory_margin=0.1)

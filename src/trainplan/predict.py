@@ -267,6 +267,12 @@ def estimate(
     layout.check_model(model)
     check_precision(system, recipe)
     spec = rlhf_spec(model, recipe, rlhf)
+    if spec is not None and memory_margin:
+        raise TrainplanError(
+            "memory_margin",
+            f"{recipe.method}: the margin is not applied to the RL phases' memory (actor, critic, reward, "
+            "reference, rollout), so it would be ignored there; plan RL jobs with --memory-margin 0",
+        )
     policy_recipe = recipe
     if spec is not None:
         recipe = update_recipe(recipe, spec, layout)
