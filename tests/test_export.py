@@ -465,8 +465,11 @@ def test_unknown_target_and_moe_ep_for_deepspeed() -> None:
     with pytest.raises(TrainplanError, match="ep"):
         export_plan("deepspeed", system, model, recipe, layout)
     with pytest.raises(TrainplanError) as info:
-        export_plan("megatron", system, model, recipe, layout)
+        export_plan("nemo-recipe", system, model, recipe, layout)
     assert info.value.field == "to"
+    # Megatron-LM runs expert parallelism: the same plan exports there
+    text = export_plan("megatron", system, model, recipe, layout).text
+    assert "--expert-model-parallel-size 8" in text
 
 
 def test_torchtitan_flavor_dims_match_presets() -> None:

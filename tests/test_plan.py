@@ -511,7 +511,9 @@ def test_cli_plan_applies_the_engine_options_it_is_given(capsys: pytest.CaptureF
     layout = with_opts["fastest"]["layout"]
     assert layout["grad_accumulation"] == "autograd" and layout["overlap_grad_reduce"] is False
     assert any("grad_accumulation=autograd" in n for n in with_opts["notes"])
-    assert any("(defaults)" in n for n in plain["notes"])
+    # the default engine (Megatron-Core) overlaps pipeline sends on interleaved schedules only
+    assert any("(pp_comm_overlap on interleaved schedules)" in n for n in plain["notes"])
+    assert any(n.startswith("engine: megatron (default engine") for n in plain["notes"])
 
 
 def _brute_force_best(

@@ -15,6 +15,7 @@ The CLI's ``estimate``, ``export`` and ``run`` build their inputs with :func:`es
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from trainplan import inputs
@@ -91,9 +92,15 @@ def estimate_from_values(values: Mapping[str, Any]) -> Estimate:
 
 
 def _predict(
-    system: System, model: ModelSpec, recipe: Recipe, layout: Layout, values: Mapping[str, Any]
+    system: System,
+    model: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    values: Mapping[str, Any],
+    *,
+    from_fields: bool = True,
 ) -> Estimate:
-    return predict(
+    est = predict(
         system,
         model,
         recipe,
@@ -103,7 +110,9 @@ def _predict(
         pue=values["pue"],
         reliability=inputs.build_reliability(values),
         rlhf=rlhf_spec(values, model, recipe),
+        memory_margin=values.get("memory_margin", 0.0),
     )
+    return replace(est, engine=inputs.engine_settings(values)) if from_fields else est
 
 
 def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> RLHFSpec | None:
@@ -199,6 +208,7 @@ def estimate(
         recipe if recipe is not None else inputs.build_recipe(values),
         layout if layout is not None else inputs.build_layout(values),
         values,
+        from_fields=recipe is None and layout is None,
     )
 
 

@@ -51,6 +51,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         f"{' (early stop)' if est.recipe.recompute in ('full', 'sac') and est.recipe.recompute_early_stop else ''}, "
         f"attention {est.recipe.attention}, offload {est.recipe.offload}",
         f"layout: {est.layout.describe()}",
+        *([f"engine: {est.engine.describe()}"] if est.engine is not None else []),
         "",
         f"memory per device (pipeline stage {mem.stage}, peak in the {mem.peak_phase} phase), {unit} "
         f"(1 {unit} = {'2^30' if binary else '10^9'} bytes):",
@@ -156,6 +157,11 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         lines.append(
             f"FITS: {100 * mem.per_device_bytes / mem.capacity_bytes:.0f}% of device memory, "
             f"{free / (GiB if binary else GB):.2f} {unit} free"
+            + (
+                f" (--memory-margin {mem.memory_margin:g} keeps at least {100 * mem.memory_margin:g}%)"
+                if mem.memory_margin
+                else ""
+            )
         )
     else:
         lines.append("DOES NOT FIT: " + "; ".join(mem.reasons()))
@@ -276,22 +282,109 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in results) else 1
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    from trainplan.api import estimate_inputs
-    from trainplan.export import export_plan
+def _engine_target(engine: Any) -> str:
+    """The export target of ``engine`` (a ``trainplan.engines.Engine``), or an error naming the
+    targets to choose from when the engine has none."""
+    from trainplan.export import TARGETS
 
-    system, model, recipe, layout = estimate_inputs(vars(args))
-    result = export_plan(args.to, system, model, recipe, layout)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as fh:
+    if engine.export_target is None:
+        raise TrainplanError(
+            "to",
+            f"the {engine.name} engine has no export target ({engine.export_note}); "
+            f"give --to one of {', '.join(TARGETS)}",
+        )
+    return str(engine.export_target)
+
+
+def _write_export(result: Any, output: str | None, what: str) -> None:
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
             fh.write(result.text)
-        sys.stderr.write(f"trainplan: wrote {args.to} config to {args.output}\n")
+        sys.stderr.write(f"trainplan: wrote {what} to {output}\n")
     else:
         sys.stdout.write(result.text)
         sys.stdout.flush()
     for warning in result.warnings:
         sys.stderr.write(f"trainplan: note: {warning}\n")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from trainplan.api import estimate_inputs
+    from trainplan.export.saved import export_or_explain
+    from trainplan.inputs import engine_settings
+
+    values = vars(args)
+    if args.plan is not None:
+        return _export_saved(args)
+    if args.rank is not None:
+        raise TrainplanError("rank", "--rank picks a plan of a saved --plan FILE; add --plan")
+    if args.model is None or args.hardware is None:
+        raise TrainplanError("model", "give a model and --hardware (and the plan's flags), or --plan FILE")
+    system, model, recipe, layout = estimate_inputs(values)
+    target = args.to or _engine_target(engine_settings(values).engine)
+    result = export_or_explain(target, system, model, recipe, layout)
+    _write_export(result, args.output, f"{target} config")
     return 0
+
+
+def _export_saved(args: argparse.Namespace) -> int:
+    """``trainplan export --plan FILE``: the saved plan's first ranked plan the target can write
+    (or plan ``--rank N``), its settings all from the file."""
+    from trainplan.engines import get_engine
+    from trainplan.export.saved import export_or_explain, first_exportable, load_plan_file, read_plan
+    from trainplan.inputs import COMMANDS
+    from trainplan.models import load_model
+
+    if args.hardware is not None:
+        raise TrainplanError("hardware", "--plan takes the hardware of the saved plan; drop --hardware")
+    given = [
+        f.option
+        for f in COMMANDS["export"]
+        if f.group in ("layout", "recipe") and getattr(args, f.name) != f.default
+    ]
+    if given:
+        raise TrainplanError(
+            given[0].lstrip("-").replace("-", "_"),
+            f"--plan takes every setting from the saved plan; drop {', '.join(given)} (or plan again with them)",
+        )
+    data = load_plan_file(args.plan)
+    model = load_model(args.model) if args.model is not None else None
+    saved_engine = data.get("engine", {}).get("name") if isinstance(data.get("engine"), dict) else None
+    target = args.to or _engine_target(get_engine(saved_engine))
+    if args.rank is not None:
+        p = read_plan(data, rank=args.rank, model=model)
+        result = export_or_explain(target, p.system, p.model, p.recipe, p.layout)
+        _write_export(result, args.output, f"plan #{args.rank} as {target} config")
+        return 0
+    ranks = [e.get("rank") for e in data.get("plans", []) if isinstance(e, dict)] or [None]
+    saved = [read_plan(data, rank=r, model=model) for r in ranks]
+    choice = first_exportable(target, [(p.label, p.system, p.model, p.recipe, p.layout) for p in saved])
+    for why in choice.skipped:
+        sys.stderr.write(f"trainplan: note: not exported, {target} cannot run it: {why}\n")
+    chosen = saved[choice.index]
+    what = f"plan #{chosen.rank} ({chosen.label} {chosen.layout.describe()}) as {target} config"
+    _write_export(choice.result, args.output, what)
+    return 0
+
+
+def _export_plan_result(args: argparse.Namespace, result: Any) -> None:
+    """``plan --export TARGET``: the best ranked plan the target can run, written to a file."""
+    from trainplan.export.saved import first_exportable
+
+    target = _engine_target(result.engine.engine) if args.export == "engine" else args.export
+    plans = list(result.plans) or ([result.closest] if result.closest is not None else [])
+    if not plans:
+        raise TrainplanError("export", "no plan was found, so none can be exported")
+    choice = first_exportable(
+        target,
+        [(p.label, p.estimate.system, p.estimate.model, p.estimate.recipe, p.estimate.layout) for p in plans],
+    )
+    for why in choice.skipped:
+        sys.stderr.write(f"trainplan: note: not exported, {target} cannot run it: {why}\n")
+    chosen = plans[choice.index]
+    output = args.export_file or choice.result.filename
+    what = f"plan #{chosen.rank} ({chosen.label} {chosen.estimate.layout.describe()}) as {target} config"
+    _write_export(choice.result, output, what)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -299,11 +392,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from trainplan.planner.command import accelerators, plan_from_values, render_plan
 
     accs = accelerators(args.hardware, args.hardware_file)
+    if args.export is None and args.export_file is not None:
+        raise TrainplanError("export_file", "--export-file names where --export writes; add --export TARGET")
     result = plan_from_values(vars(args), load_model(args.model), accs)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
     else:
         print(render_plan(result))
+    if args.export is not None:
+        sys.stdout.flush()
+        _export_plan_result(args, result)
     if args.plot:
         from trainplan.web.plots import save_plot
 

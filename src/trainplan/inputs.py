@@ -24,11 +24,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from trainplan.cost import DEFAULT_PUE
+from trainplan.engines import (
+    DEFAULT_ENGINE,
+    ENGINE_FIELDS,
+    ENGINE_NAMES,
+    Applied,
+    check_capabilities,
+    resolve,
+)
 from trainplan.errors import TrainplanError
 from trainplan.export import TARGETS as EXPORT_TARGETS
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.layout import (
-    DEFAULT_LAYOUT_OPTIONS,
     GRAD_ACCUMULATIONS,
     PIPELINE_SCHEDULES,
     ZERO3_GRANULARITIES,
@@ -36,6 +43,7 @@ from trainplan.layout import (
     Layout,
     LayoutOptions,
 )
+from trainplan.memory import DEFAULT_MEMORY_MARGIN
 from trainplan.ownership import (
     DEFAULT_NETWORK_FRACTION,
     DEFAULT_USD_PER_KW_MONTH,
@@ -108,6 +116,7 @@ class Field:
     repeatable: bool = False
     required: bool = False
     positional: bool = False
+    optional: bool = False  # a positional argument that may be left out (argparse nargs="?")
     metavar: str | None = None
 
     @property
@@ -175,7 +184,9 @@ class Field:
     def json_schema(self) -> dict[str, Any]:
         """The field as a JSON Schema property (OpenAPI 3.1), described by its CLI flag."""
         schema: dict[str, Any]
-        if self.type is bool:
+        if self.type is bool and self.default is None:
+            schema = {"type": ["boolean", "null"], "default": None}
+        elif self.type is bool:
             schema = {"type": "boolean", "default": bool(self.default)}
         elif self.repeatable:
             schema = {"type": ["array", "string"], "items": {"type": "string"}, "default": []}
@@ -214,6 +225,22 @@ def _switch(name: str, group: Group, help: str, **kw: Any) -> Field:
     return Field(name=name, group=group, type=bool, default=False, help=help, **kw)
 
 
+def _engine_switch(name: str, group: Group, help: str) -> Field:
+    """A setting the engine decides unless given: ``--name`` / ``--no-name``, ``None`` when unset
+    (``trainplan.engines.resolve`` fills it)."""
+    return Field(name=name, group=group, type=bool, default=None, help=help + " (default: the engine's)")
+
+
+ENGINE: Final = Field(
+    name="engine",
+    group="recipe",
+    choices=ENGINE_NAMES,
+    help="the training software: sets the stack's calibrated efficiency, its recompute, ZeRO-3/FSDP, "
+    "overlap and gradient-accumulation behaviour, and the default export target; explicit flags "
+    f"override each (trainplan.engines; default {DEFAULT_ENGINE})",
+)
+
+
 # --- the model and the hardware -------------------------------------------------------------------
 MODEL: Final = Field(
     name="model",
@@ -242,7 +269,17 @@ HOST_MEMORY: Final = Field(
     help="CPU memory per server in GB (10^9 bytes), for offloaded states "
     "(default: the catalog's reference server; see `trainplan hardware show`)",
 )
-SYSTEM_FIELDS: Final = (HOST_MEMORY,)
+MEMORY_MARGIN: Final = Field(
+    name="memory_margin",
+    group="hardware",
+    type=float,
+    default=DEFAULT_MEMORY_MARGIN,
+    metavar="FRACTION",
+    help="fraction of device memory a plan leaves free: it fits when its peak is at most "
+    f"capacity·(1 − margin), in estimate and plan alike (default {DEFAULT_MEMORY_MARGIN:g}: the peak "
+    "already counts the CUDA context and allocator fragmentation; e.g. 0.1 keeps a tenth free)",
+)
+SYSTEM_FIELDS: Final = (HOST_MEMORY, MEMORY_MARGIN)
 
 
 def host_memory_bytes(values: Mapping[str, Any]) -> float | None:
@@ -258,13 +295,13 @@ LAYOUT_OPTION_FIELDS: Final = (
         "layout",
         "reduce gradients after the backward instead of overlapping it (older Megatron-LM)",
     ),
-    _switch(
+    _engine_switch(
         "tp_comm_overlap",
         "layout",
         "overlap the sequence-parallel collectives with the GEMMs (Megatron-Core --tp-comm-overlap, "
         "torchtitan async TP; needs --sequence-parallel)",
     ),
-    _switch(
+    _engine_switch(
         "pp_comm_overlap",
         "layout",
         "overlap pipeline sends with other micro-batches' compute (Megatron-Core overlap_p2p_comm)",
@@ -272,19 +309,17 @@ LAYOUT_OPTION_FIELDS: Final = (
     Field(
         name="zero3_granularity",
         group="layout",
-        default=_default(Layout, "zero3_granularity"),
         choices=ZERO3_GRANULARITIES,
-        help="ZeRO-3 collectives: one per block, prefetched (FSDP/FSDP2, default) or one blocking "
-        "gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021)",
+        help="ZeRO-3 collectives: one per block, prefetched (FSDP/FSDP2) or one blocking "
+        "gather per parameter tensor (DeepSpeed ZeRO-3 as of 2021) (default: the engine's)",
     ),
     Field(
         name="grad_accumulation",
         group="layout",
-        default=_default(Layout, "grad_accumulation"),
         choices=GRAD_ACCUMULATIONS,
         help="how micro-batch gradients are summed: inside the weight-gradient GEMM (Megatron-LM "
-        "--gradient-accumulation-fusion; default), by PyTorch autograd into .grad, or by a hook into "
-        "a main-gradient buffer (Megatron-LM LocalDDP 2021-2022)",
+        "--gradient-accumulation-fusion), by PyTorch autograd into .grad, or by a hook into "
+        "a main-gradient buffer (Megatron-LM LocalDDP 2021-2022) (default: the engine's)",
     ),
 )
 """The engine options of a layout: the planner does not search them, it applies the given (or
@@ -438,15 +473,16 @@ RECIPE_FIELDS: Final = (
         "(each block again); sac (torchtitan's per-op selective checkpointing: every other matmul "
         "output and the attention output kept, the rest recomputed)",
     ),
+    ENGINE,
     Field(
         name="stack",
         group="recipe",
-        default=_default(Recipe, "stack"),
         choices=STACKS,
         help="training software, for the calibrated compute efficiency: megatron (Megatron-Core, NeMo, "
-        "Megatron Bridge) or pytorch (torchtitan, torchtune, FSDP/FSDP2, llm-foundry, Accelerate)",
+        "Megatron Bridge) or pytorch (torchtitan, torchtune, FSDP/FSDP2, llm-foundry, Accelerate) "
+        "(default: the engine's)",
     ),
-    _switch(
+    _engine_switch(
         "recompute_early_stop",
         "recipe",
         "full (or sac) recompute by PyTorch's non-reentrant checkpoint with early stop (FSDP2, "
@@ -761,11 +797,38 @@ EXPORT_FIELDS: Final = (
     Field(
         name="to",
         group="export",
-        required=True,
         choices=EXPORT_TARGETS,
-        help="target engine (see docs/export.md)",
+        help="target engine (see docs/export.md; default: the --engine's export target)",
     ),
     Field(name="output", group="export", metavar="FILE", help="write here instead of stdout"),
+    Field(
+        name="plan",
+        group="export",
+        metavar="FILE",
+        help="export a saved plan (`trainplan plan --json` output) instead of a model, --hardware and flags",
+    ),
+    Field(
+        name="rank",
+        group="export",
+        type=int,
+        positive=True,
+        help="with --plan: the ranked plan to export (default: the first one a target can write)",
+    ),
+)
+PLAN_EXPORT_FIELDS: Final = (
+    Field(
+        name="export",
+        group="export",
+        choices=(*EXPORT_TARGETS, "engine"),
+        help="also write the best ranked plan the target can run as its config (engine: the --engine's "
+        "target); ranked plans ahead of it that it cannot run are named",
+    ),
+    Field(
+        name="export_file",
+        group="export",
+        metavar="FILE",
+        help="with --export: write the config here (default: the target's file name)",
+    ),
 )
 VERIFY_FIELDS: Final = (
     Field(
@@ -943,10 +1006,17 @@ CHOOSE_FIELDS: Final = (
 a deadline and a budget (it ranks by time and by cost itself)."""
 COMMANDS: Final[dict[str, tuple[Field, ...]]] = {
     "estimate": (MODEL, HARDWARE, HARDWARE_FILE, *ESTIMATE_FIELDS, JSON, GIB, PLOT),
-    "plan": (MODEL, *PLAN_FIELDS, JSON, PLOT),
+    "plan": (MODEL, *PLAN_FIELDS, *PLAN_EXPORT_FIELDS, JSON, PLOT),
     "compare": (MODEL, *COMPARE_FIELDS, JSON, PLOT),
     "choose": (MODEL, *CHOOSE_FIELDS, JSON),
-    "export": (MODEL, HARDWARE, HARDWARE_FILE, *LAYOUT_FIELDS, *RECIPE_FIELDS, *EXPORT_FIELDS),
+    "export": (
+        dataclasses.replace(MODEL, optional=True),
+        dataclasses.replace(HARDWARE, required=False),
+        HARDWARE_FILE,
+        *LAYOUT_FIELDS,
+        *RECIPE_FIELDS,
+        *EXPORT_FIELDS,
+    ),
     "cost": (
         dataclasses.replace(HARDWARE, positional=True, required=False),
         HARDWARE_FILE,
@@ -1013,7 +1083,12 @@ def add_arguments(parser: argparse.ArgumentParser, fields: Sequence[Field]) -> N
             target = groups[title]
         kw: dict[str, Any] = {"help": f.help or None}
         if f.type is bool:
-            target.add_argument(f.option, action="store_true", **kw)
+            if f.default is None:
+                import argparse
+
+                target.add_argument(f.option, action=argparse.BooleanOptionalAction, default=None, **kw)
+            else:
+                target.add_argument(f.option, action="store_true", **kw)
             continue
         if f.metavar is not None:
             kw["metavar"] = f.metavar
@@ -1022,6 +1097,8 @@ def add_arguments(parser: argparse.ArgumentParser, fields: Sequence[Field]) -> N
         if f.type is not str:
             kw["type"] = _argparse_type(f)
         if f.positional:
+            if f.optional:
+                kw["nargs"] = "?"
             target.add_argument(f.name, **kw)
             continue
         if f.repeatable:
@@ -1120,6 +1197,8 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
             f"--lora-rank/--lora-targets need --method lora or qlora (or an RLHF method with "
             f"--actor lora), not {method}",
         )
+    applied = engine_settings(values)
+    check_capabilities(applied, recompute=values.get("recompute"), zero=None)
     return Recipe(
         method=method,
         precision=values["precision"],
@@ -1137,8 +1216,8 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         loss_chunks=values["loss_chunks"],
         optimizer_in_backward=values.get("optimizer_in_backward", False),
         paged_optimizer=values.get("paged_optimizer", False),
-        recompute_early_stop=values.get("recompute_early_stop", False),
-        stack=values["stack"],
+        recompute_early_stop=bool(applied.values["recompute_early_stop"]),
+        stack=applied.values["stack"],  # type: ignore[arg-type]
     )
 
 
@@ -1155,9 +1234,31 @@ def build_lora(values: Mapping[str, Any]) -> LoRASpec:
     )
 
 
+def engine_settings(values: Mapping[str, Any]) -> Applied:
+    """The engine ``values`` names (the default when none) with each of its settings that
+    ``values`` leaves unset filled in (:func:`trainplan.engines.resolve`)."""
+    return resolve(values)
+
+
 def build_layout(values: Mapping[str, Any]) -> Layout:
     """The :class:`~trainplan.layout.Layout` the layout fields in ``values`` describe
-    (dp = devices / (tp·pp·cp))."""
+    (dp = devices / (tp·pp·cp)).
+
+    An option the request gives is used as given (and refused where the layout cannot have it);
+    one the engine fills applies where it means something (``LayoutOptions.for_candidate``): the
+    engine's tensor-parallel overlap with sequence parallelism, its pipeline overlap on the
+    schedules it overlaps, its ZeRO-3 granularity with ZeRO-3."""
+    options = build_layout_options(values)
+    applied_engine = engine_settings(values)
+    check_capabilities(applied_engine, recompute=None, zero=values["zero"])
+    explicit = applied_engine.explicit
+    sp = values.get("sequence_parallel", False)
+    applied = options.for_candidate(
+        sequence_parallel=sp, pp=values["pp"], zero=values["zero"], pp_schedule=values["pp_schedule"]
+    )
+    for name in ("tp_comm_overlap", "pp_comm_overlap", "zero3_granularity"):
+        if name in explicit:
+            applied[name] = getattr(options, name)
     return Layout.for_devices(
         values["devices"],
         tp=values["tp"],
@@ -1165,21 +1266,25 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
         cp=values["cp"],
         ep=values["ep"],
         zero=values["zero"],
-        sequence_parallel=values.get("sequence_parallel", False),
+        sequence_parallel=sp,
         pp_schedule=values["pp_schedule"],
         virtual_stages=values["virtual_stages"],
-        **vars(build_layout_options(values)),
+        **applied,  # type: ignore[arg-type]
     )
 
 
 def build_layout_options(values: Mapping[str, Any]) -> LayoutOptions:
-    """The :class:`~trainplan.layout.LayoutOptions` the option fields in ``values`` describe."""
+    """The :class:`~trainplan.layout.LayoutOptions` the option fields in ``values`` describe,
+    each one left unset taken from the engine (:func:`engine_settings`)."""
+    v = engine_settings(values).values
+    pp_overlap = v["pp_comm_overlap"]
     return LayoutOptions(
-        overlap_grad_reduce=not values.get("no_overlap_grad_reduce", False),
-        tp_comm_overlap=values.get("tp_comm_overlap", False),
-        pp_comm_overlap=values.get("pp_comm_overlap", False),
-        zero3_granularity=values.get("zero3_granularity", DEFAULT_LAYOUT_OPTIONS.zero3_granularity),
-        grad_accumulation=values.get("grad_accumulation", DEFAULT_LAYOUT_OPTIONS.grad_accumulation),
+        overlap_grad_reduce=bool(v["overlap_grad_reduce"]),
+        tp_comm_overlap=bool(v["tp_comm_overlap"]),
+        pp_comm_overlap=pp_overlap is True or pp_overlap in ("always", "interleaved"),
+        pp_comm_overlap_schedules=("interleaved",) if pp_overlap == "interleaved" else PIPELINE_SCHEDULES,
+        zero3_granularity=v["zero3_granularity"],  # type: ignore[arg-type]
+        grad_accumulation=v["grad_accumulation"],  # type: ignore[arg-type]
     )
 
 
@@ -1201,7 +1306,11 @@ def fields_markdown() -> str:
     for f in all_fields():
         commands = ", ".join(c for c, fields in COMMANDS.items() if any(_same(f, g) for g in fields))
         kind = ("list of " if f.repeatable else "") + f.type.__name__ + (" > 0" if f.positive else "")
-        default = "required" if f.required or f.positional else _cell(f.default)
+        default = "required" if f.required or (f.positional and not f.optional) else _cell(f.default)
+        if f.name in ENGINE_FIELDS and f.default is None:
+            default = "the engine's"
+        elif f.name == "engine":
+            default = f"`{json.dumps(DEFAULT_ENGINE)}`"
         what = f.help.replace("|", "\\|")
         lines.append(
             f"| `{f.name}` | `{f.option}` | {kind} | {default} | {_cell(f.choices)} | "

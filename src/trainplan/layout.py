@@ -32,7 +32,7 @@ Errors show the arithmetic, e.g. ``tp=3 does not divide 32 attention heads``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from trainplan.errors import LayoutError
 from trainplan.models.spec import ModelSpec
@@ -74,6 +74,10 @@ class LayoutOptions:
     pp_comm_overlap: bool = False
     zero3_granularity: Zero3Granularity = "block"
     grad_accumulation: GradAccumulation = "fused"
+    pp_comm_overlap_schedules: tuple[PipelineSchedule, ...] = PIPELINE_SCHEDULES
+    """The pipeline schedules on which ``pp_comm_overlap`` applies: all of them, or, as an
+    engine rule, only ``("interleaved",)`` (Megatron-LM ``megatron/training/arguments.py`` sets
+    ``overlap_p2p_comm`` False without the interleaved schedule; ``trainplan.engines``)."""
 
     def __post_init__(self) -> None:
         # The same checks as a Layout's, on a layout where every option applies.
@@ -90,12 +94,16 @@ class LayoutOptions:
             grad_accumulation=self.grad_accumulation,
         )
 
-    def for_candidate(self, *, sequence_parallel: bool, pp: int, zero: int) -> dict[str, object]:
+    def for_candidate(
+        self, *, sequence_parallel: bool, pp: int, zero: int, pp_schedule: str = "1f1b"
+    ) -> dict[str, object]:
         """The Layout keyword arguments of these options on one candidate."""
         return {
             "overlap_grad_reduce": self.overlap_grad_reduce,
             "tp_comm_overlap": self.tp_comm_overlap and sequence_parallel,
-            "pp_comm_overlap": self.pp_comm_overlap and pp > 1,
+            "pp_comm_overlap": self.pp_comm_overlap
+            and pp > 1
+            and pp_schedule in self.pp_comm_overlap_schedules,
             "zero3_granularity": self.zero3_granularity if zero == 3 else "block",
             "grad_accumulation": self.grad_accumulation,
         }
@@ -113,6 +121,9 @@ class LayoutOptions:
             )
             if getattr(self, f) != getattr(DEFAULT_LAYOUT_OPTIONS, f)
         ]
+        if self.pp_comm_overlap and self.pp_comm_overlap_schedules != PIPELINE_SCHEDULES:
+            diff.remove("pp_comm_overlap=True")
+            diff.append("pp_comm_overlap on " + "/".join(self.pp_comm_overlap_schedules) + " schedules")
         return ", ".join(diff) if diff else "defaults"
 
     @classmethod
@@ -347,3 +358,13 @@ class Layout:
 
 
 DEFAULT_LAYOUT_OPTIONS: Final = LayoutOptions()
+
+
+def nearest_micro_batches(global_batch: Any, per_step: Any) -> Any:
+    """Micro-batches per step of the valid global batch nearest ``global_batch`` (sequences): the
+    multiple of ``per_step`` = dp·micro_batch closest to it (halves round up), at least one —
+    what the planner trains with where dp·micro_batch does not divide the requested batch.
+    Integer arithmetic, for ints and integer arrays alike (``num.Int``)."""
+    from trainplan.num import maximum
+
+    return maximum((global_batch + per_step // 2) // per_step, 1)

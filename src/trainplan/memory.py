@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
-from trainplan.errors import RecipeError
+from trainplan.errors import RecipeError, TrainplanError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
@@ -171,6 +171,7 @@ class MemoryBreakdown:
     loss_forward_bytes: float = 0.0  # loss-forward transient: ¾ of the loss-backward one (6·b·s·V/t)
     # ZeRO-3 / FSDP2 (all 0 otherwise): see the class docstring.
     fsdp: bool = False
+    memory_margin: float = 0.0  # fraction of capacity kept free: fits means <= usable_bytes
     fsdp_root_bytes: float = 0.0  # c·P_R: the root unit unsharded
     fsdp_block_bytes: float = 0.0  # c·P_L: one block unsharded (QLoRA: NF4 bytes + constants)
     fsdp_next_block_bytes: float = 0.0  # c·P_L when the stage has a second block to prefetch, else 0
@@ -321,8 +322,13 @@ class MemoryBreakdown:
         return self.peak_bytes + self.cuda_context_bytes + self.fragmentation_bytes
 
     @property
+    def usable_bytes(self) -> float:
+        """The capacity less the requested headroom (:func:`usable_bytes`)."""
+        return float(usable_bytes(self.capacity_bytes, self.memory_margin))
+
+    @property
     def device_fits(self) -> bool:
-        return self.per_device_bytes <= self.capacity_bytes
+        return self.per_device_bytes <= self.usable_bytes
 
     @property
     def host_bytes_per_node(self) -> float:
@@ -365,12 +371,18 @@ class MemoryBreakdown:
         """Why it does not fit: the excess and the largest terms that cause it."""
         out = []
         if not self.device_fits:
-            excess = self.per_device_bytes - self.capacity_bytes
+            excess = self.per_device_bytes - self.usable_bytes
             top = sorted(self.terms(), key=lambda kv: kv[1], reverse=True)[:3]
             named = ", ".join(f"{name} {fmt_bytes(v)}" for name, v in top if v > 0)
+            limit = (
+                f"{fmt_bytes(self.capacity_bytes)} capacity"
+                if not self.memory_margin
+                else f"{fmt_bytes(self.usable_bytes)} usable ({fmt_bytes(self.capacity_bytes)} capacity less the "
+                f"{100 * self.memory_margin:g}% --memory-margin)"
+            )
             out.append(
-                f"needs {fmt_bytes(self.per_device_bytes)} per device > {fmt_bytes(self.capacity_bytes)} "
-                f"capacity (over by {fmt_bytes(excess)}) at the {self.peak_phase}; largest terms: {named}"
+                f"needs {fmt_bytes(self.per_device_bytes)} per device > {limit} "
+                f"(over by {fmt_bytes(excess)}) at the {self.peak_phase}; largest terms: {named}"
             )
         if self.host_fits is False:
             assert self.host_capacity_bytes_per_node is not None
@@ -386,6 +398,8 @@ class MemoryBreakdown:
             "per_device_bytes": self.per_device_bytes,
             "capacity_bytes": self.capacity_bytes,
             "fits": self.fits,
+            "memory_margin": self.memory_margin,
+            "usable_bytes": self.usable_bytes,
             "device_fits": self.device_fits,
             "host_fits": self.host_fits,
             "host_bytes_per_node": self.host_bytes_per_node,
@@ -1270,6 +1284,26 @@ def stage_activations(
     )
 
 
+DEFAULT_MEMORY_MARGIN: Final = 0.0
+"""Headroom kept free by default: none beyond what the peak already counts (the CUDA context and
+the caching allocator's fragmentation, ``memory_breakdown``)."""
+
+
+def check_memory_margin(margin: float) -> None:
+    """A margin is a fraction of the capacity in [0, 1)."""
+    if not 0.0 <= margin < 1.0:
+        raise TrainplanError(
+            "memory_margin",
+            f"is the fraction of device memory kept free, in [0, 1); got {margin!r} (e.g. 0.1)",
+        )
+
+
+def usable_bytes(capacity_bytes: Num, memory_margin: float) -> Num:
+    """Device memory a plan may fill: capacity · (1 − margin). Estimate's ``fits`` and the
+    planner's fit (``planner/bulk.py``) both compare the per-device peak with this."""
+    return capacity_bytes * (1.0 - memory_margin)
+
+
 def _stage_breakdown(
     model: ModelSpec,
     recipe: Recipe,
@@ -1278,6 +1312,7 @@ def _stage_breakdown(
     capacity_bytes: float,
     num_microbatches: int,
     host: tuple[float | None, int],
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
 ) -> MemoryBreakdown:
     dev = device_params(model, layout, stage, recipe.lora)
     st = _model_states(model, recipe, layout, dev)
@@ -1308,6 +1343,7 @@ def _stage_breakdown(
         trainable_params_on_device=st.trainable,
         activation_terms=acts.terms,
         fsdp=layout.zero == 3,
+        memory_margin=memory_margin,
     )
 
 
@@ -1320,6 +1356,7 @@ def memory_breakdown(
     num_microbatches: int | None = None,
     host_capacity_bytes_per_node: float | None = None,
     devices_on_node: int = 1,
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
 ) -> MemoryBreakdown:
     """Per-device memory of the worst pipeline stage (stage 0 and the last stage are evaluated;
     stage 0 holds the most in-flight activations, the last stage the logits and LM head).
@@ -1341,7 +1378,10 @@ def memory_breakdown(
         check_sac(model, layout)
     stages = sorted({0, layout.pp - 1})
     host = (host_capacity_bytes_per_node, devices_on_node)
-    results = [_stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb, host) for st in stages]
+    check_memory_margin(memory_margin)
+    results = [
+        _stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb, host, memory_margin) for st in stages
+    ]
     return max(results, key=lambda m: m.per_device_bytes)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainplan.bands import Band, FitVerdict, fit_verdict, memory_band, step_band
 from trainplan.cost import DEFAULT_PUE, RunCost, run_cost
@@ -45,6 +46,9 @@ from trainplan.rlhf import (
 from trainplan.sharding import device_params
 from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
 from trainplan.timing import Throughput, TimeBreakdown, step_time, throughput
+
+if TYPE_CHECKING:
+    from trainplan.engines import Applied
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +87,9 @@ class Estimate:
     """PPO / GRPO / DPO / reward-model training: memory per phase and the RL step's terms
     (:mod:`trainplan.rlhf`). Then ``memory`` is the actor's own training step, ``time`` the whole
     RL step (its RL terms filled in) and ``feasible`` the RL job's fit."""
+    engine: Applied | None = None
+    """The engine that filled the settings the request left unset, where the estimate was built
+    from input fields (``trainplan.engines.resolve``); ``None`` for typed inputs."""
 
     @property
     def feasible(self) -> bool:
@@ -136,6 +143,7 @@ class Estimate:
             "calibration": self.calibration(),
             "feasible": self.feasible,
             "reasons": self.reasons(),
+            **({"engine": self.engine.to_dict()} if self.engine is not None else {}),
         }
         if self.rlhf is not None:
             memory = dict(self.memory.to_dict())
@@ -238,6 +246,7 @@ def estimate(
     pue: float = DEFAULT_PUE,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
     rlhf: RLHFSpec | None = None,
+    memory_margin: float = 0.0,
 ) -> Estimate:
     """Predict memory, step time, throughput and run cost of one training configuration.
 
@@ -246,7 +255,9 @@ def estimate(
 
     PPO, GRPO, DPO and ``rm`` are RL / preference steps (:mod:`trainplan.rlhf`): ``rlhf`` gives
     their models and rollout (default: every model the policy's architecture, the sequence split
-    half prompt, half generation)."""
+    half prompt, half generation).
+
+    ``memory_margin``: the fraction of device memory a fitting plan leaves free."""
     if layout.num_devices != system.num_devices:
         raise TrainplanError(
             "devices",
@@ -256,6 +267,12 @@ def estimate(
     layout.check_model(model)
     check_precision(system, recipe)
     spec = rlhf_spec(model, recipe, rlhf)
+    if spec is not None and memory_margin:
+        raise TrainplanError(
+            "memory_margin",
+            f"{recipe.method}: the margin is not applied to the RL phases' memory (actor, critic, reward, "
+            "reference, rollout), so it would be ignored there; plan RL jobs with --memory-margin 0",
+        )
     policy_recipe = recipe
     if spec is not None:
         recipe = update_recipe(recipe, spec, layout)
@@ -277,6 +294,7 @@ def estimate(
         num_microbatches=nmb,
         host_capacity_bytes_per_node=system.host_memory_bytes_per_node,
         devices_on_node=system.devices_on_a_node,
+        memory_margin=memory_margin,
     )
     time = step_time(system, model, recipe, layout, memory=mem)
     rl: RLHFEstimate | None = None

@@ -474,7 +474,7 @@ class StepInputs:
     weight_refetches: Int  # parameter offload: weight streams per micro-batch (3 with full/sac recompute)
     grad_accum_bytes: Num
     tp_comm_overlap: Bool = False  # per candidate: only where sequence parallelism is on
-    pp_comm_overlap: bool = False
+    pp_comm_overlap: Bool = False  # per candidate: only on the schedules the engine overlaps
     overlap_grad_reduce: bool = True
 
 
@@ -531,9 +531,8 @@ def pp_p2p_s(x: StepInputs) -> Num:
     """Pipeline sends; with ``pp_comm_overlap`` (Megatron-Core ``overlap_p2p_comm``) the sends of
     one micro-batch run while the stage computes another: only what exceeds its compute shows."""
     t = total(c.time_s for c in x.collectives if c.group == "pp")
-    if x.pp_comm_overlap:
-        return maximum(0.0, t - as_float(x.micro_batches) * (x.t_f + x.t_b + x.t_r))
-    return t
+    hidden = maximum(0.0, t - as_float(x.micro_batches) * (x.t_f + x.t_b + x.t_r))
+    return where(x.pp_comm_overlap, hidden, t)
 
 
 def pipeline_bubble_s(x: StepInputs, blocking_comm_s: Num) -> Num:

@@ -12,7 +12,13 @@ torchtitan job config TOML                              torchtitan 0.2.2
 deepspeed  ``ds_config.json``                           DeepSpeed 0.19.8
 accelerate ``accelerate launch --config_file`` YAML     Accelerate 1.15.0
 torchrun   shell command: torchrun + torchtitan flags   torch 2.13, torchtitan 0.2.2
+megatron   shell command: torchrun + pretrain_gpt.py    Megatron-LM core_r0.14.0
 ========== ============================================ =================================
+
+``--tokens`` becomes the number of optimizer steps, ⌈tokens / (global batch · sequence length)⌉
+(:func:`trainplan.export.megatron.train_steps`): torchtitan's ``training.steps`` (its learning-rate
+schedule's length), Megatron-LM's ``--train-iters`` and ``--lr-decay-iters``; a target whose file
+has no step count says the number in a warning.
 """
 
 from __future__ import annotations
@@ -45,17 +51,22 @@ Renderer = Callable[[System, ModelSpec, Recipe, Layout], tuple[str, tuple[str, .
 
 
 def _renderers() -> dict[str, tuple[Renderer, str]]:
-    from trainplan.export import accelerate, deepspeed, torchrun, torchtitan
+    from trainplan.export import accelerate, deepspeed, megatron, torchrun, torchtitan
 
     return {
         "torchtitan": (torchtitan.render, "torchtitan.toml"),
         "deepspeed": (deepspeed.render, "ds_config.json"),
         "accelerate": (accelerate.render, "accelerate_config.yaml"),
         "torchrun": (torchrun.render, "launch.sh"),
+        "megatron": (megatron.render, "megatron_launch.sh"),
     }
 
 
-TARGETS: Final = ("torchtitan", "deepspeed", "accelerate", "torchrun")
+TARGETS: Final = ("torchtitan", "deepspeed", "accelerate", "torchrun", "megatron")
+STACK_OF: Final = {target: "megatron" if target == "megatron" else "pytorch" for target in TARGETS}
+"""The stack each target's engine runs: Megatron-LM's Megatron-Core modules, else PyTorch's own."""
+STEPS_IN_FILE: Final = ("torchtitan", "torchrun", "megatron")
+"""The targets whose output carries the step count that ``--tokens`` gives."""
 
 
 def export_plan(
@@ -75,11 +86,21 @@ def export_plan(
         )
     render, filename = renderers[target]
     text, warnings = render(system, model, recipe, layout)
-    if recipe.stack != "pytorch":
-        # Every target runs PyTorch's own modules: its compute speed is the pytorch stack's κ.
+    stack = STACK_OF[target]
+    if recipe.stack != stack:
+        modules = "Megatron-Core modules" if stack == "megatron" else "PyTorch modules"
         warnings = (
             *warnings,
             f"the plan's times use the {recipe.stack} stack's calibrated efficiency; {target} runs "
-            "PyTorch modules, which reach less (estimate or plan with --stack pytorch for its speed)",
+            f"{modules}, whose speed differs (estimate or plan with --stack {stack} for it)",
+        )
+    if target not in STEPS_IN_FILE and recipe.tokens is not None:
+        from trainplan.export._common import plan_facts
+        from trainplan.export.megatron import train_steps
+
+        steps = train_steps(recipe, plan_facts(system, model, recipe, layout).global_batch)
+        warnings = (
+            *warnings,
+            f"--tokens {recipe.tokens:.3g} is {steps} optimizer steps: set them in the training script",
         )
     return ExportResult(target=target, text=text, filename=filename, warnings=warnings)

@@ -66,6 +66,21 @@ def plan_facts(system: System, model: ModelSpec, recipe: Recipe, layout: Layout)
     )
 
 
+class Unsupported(TrainplanError):
+    """A plan setting a target cannot express: ``what`` it is and the ``hint`` of a way out."""
+
+    def __init__(self, target: str, field: str, what: str, hint: str) -> None:
+        self.target, self.what, self.hint = target, what, hint
+        super().__init__(field, f"{target} cannot express {what}; {hint}")
+
+    def without_other_targets(self) -> str:
+        """The message with the hint's clauses that name another target left out (the caller
+        names the targets that were checked to write the plan)."""
+        clauses = [c for part in self.hint.split("; ") for c in part.split(", or ")]
+        kept = [c for c in clauses if "export to" not in c and "export a" not in c]
+        return f"{self.target} cannot express {self.what}" + (f"; {', or '.join(kept)}" if kept else "")
+
+
 def unsupported(target: str, field: str, what: str, hint: str) -> TrainplanError:
     """The error for a plan setting a target cannot express: names the field, the target and a way out."""
-    return TrainplanError(field, f"{target} cannot express {what}; {hint}")
+    return Unsupported(target, field, what, hint)

@@ -305,6 +305,11 @@ def build_config(
     # -- batch: without PP the micro-batches are gradient-accumulation steps; with PP they are the
     # pipeline's micro-batches inside one local batch.
     training: dict[str, object] = {"seq_len": recipe.seq_len, "global_batch_size": facts.global_batch}
+    from trainplan.export.megatron import train_steps
+
+    steps = train_steps(recipe, facts.global_batch)
+    if steps is not None:
+        training["steps"] = steps  # also the length of its learning-rate schedule (lr_scheduler.py)
     if layout.pp > 1:
         if layout.pp_schedule == "zb":
             raise unsupported(

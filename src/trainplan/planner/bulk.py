@@ -86,6 +86,7 @@ from trainplan.layout import (
     Layout,
     LayoutOptions,
     PipelineSchedule,
+    nearest_micro_batches,
 )
 from trainplan.memory import (
     CUDA_CONTEXT_BYTES,
@@ -94,11 +95,13 @@ from trainplan.memory import (
     _model_states,
     _States,
     capped_inflight,
+    check_memory_margin,
     grads_live_at_backward_start,
     held_microbatches,
     host_fits,
     stage_activations,
     stage_memory_fields,
+    usable_bytes,
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
@@ -186,7 +189,13 @@ class Core:
             pp_schedule=self.pp_schedule,
             virtual_stages=self.virtual_stages,
             **cast(
-                Any, options.for_candidate(sequence_parallel=self.sequence_parallel, pp=self.pp, zero=zero)
+                Any,
+                options.for_candidate(
+                    sequence_parallel=self.sequence_parallel,
+                    pp=self.pp,
+                    zero=zero,
+                    pp_schedule=self.pp_schedule,
+                ),
             ),
         )
 
@@ -708,7 +717,10 @@ class BulkEvaluator:
         options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS,
         host_memory_bytes_per_node: float | None = None,
         reliability: Reliability | None = DEFAULT_RELIABILITY,
+        memory_margin: float = 0.0,
     ) -> None:
+        check_memory_margin(memory_margin)
+        self.memory_margin = memory_margin
         if base.global_batch is None:
             raise TrainplanError("global_batch", "the planner needs a fixed global batch")
         self.model = model
@@ -972,6 +984,10 @@ class BulkEvaluator:
         self._n_comm = len(comm_first)
         self._fkey_flops = flop_of_core[self._fkey_core]
         self._c_sp = tab[:, 4] == 1
+        # LayoutOptions.for_candidate: the schedules on which pipeline overlap applies
+        self._c_pp_overlap_sched = np.isin(
+            tab[:, 9], [sched_code[s] for s in self.options.pp_comm_overlap_schedules]
+        )
         self._c_full = tab[:, 6] == rc_code["full"]
         rc_tab = tab[:, 6]
         # recipe.reruns_forward_hooks / repeats_attention: the recompute modes that rerun the
@@ -1274,7 +1290,7 @@ class BulkEvaluator:
             f = (
                 r_ok[lo:hi]
                 & ~s_bad[ss, None]
-                & (r_pd[lo:hi] <= s_cap[ss, None])
+                & (r_pd[lo:hi] <= usable_bytes(s_cap[ss, None], self.memory_margin))
                 & host_fits(r_host[lo:hi], s_on_node[ss, None], s_host_cap[ss, None])
             )
             tw = r_twin[lo:hi]
@@ -1353,10 +1369,9 @@ class BulkEvaluator:
         invalid = np.zeros(n, dtype=np.int64)
 
         gb = int(self.base.global_batch or 0)
-        per_step = dpi * mb
-        bad_batch = gb % np.maximum(per_step, 1) != 0
-        invalid[bad_batch] = INVALID_BATCH
-        m = np.where(bad_batch, 1, gb // np.maximum(per_step, 1))
+        per_step = np.maximum(dpi * mb, 1)
+        # a global batch dp·micro_batch does not divide trains as the nearest one it does
+        m = np.asarray(nearest_micro_batches(gb, per_step), dtype=np.int64)
         mf = m.astype(np.float64)
         if self.base.optimizer_in_backward:
             invalid[(m > 1) & (invalid == 0)] = INVALID_OPT_IN_BWD
@@ -1724,7 +1739,7 @@ class BulkEvaluator:
             weight_refetches=np.where(self._c_refetch[core], 3, 2),
             grad_accum_bytes=grad_accum,
             tp_comm_overlap=opts.tp_comm_overlap and self._c_sp[core],
-            pp_comm_overlap=opts.pp_comm_overlap,
+            pp_comm_overlap=opts.pp_comm_overlap & self._c_pp_overlap_sched[core],
             overlap_grad_reduce=opts.overlap_grad_reduce,
         )
         if bound_only:
@@ -1733,7 +1748,8 @@ class BulkEvaluator:
         step_s = terms["step_s"]
 
         # --- throughput and run (timing.throughput, cost.run_cost) ------------------------------
-        tps = self._tokens_per_step / step_s
+        # tokens per step of each candidate's global batch (dp·micro_batch·m sequences)
+        tps = (dpi * self._c_int["micro_batch"][core] * m).astype(np.float64) * self.base.seq_len / step_s
         mfu = flops_utilisation(self._c_model_flops[core], devices, col("peak"), step_s)
         tokens = self.base.tokens
         power = average_power_w(col("tdp"), terms["compute_s"], step_s)

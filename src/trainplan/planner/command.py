@@ -18,6 +18,7 @@ from trainplan.inputs import (
     build_layout_options,
     build_recipe,
     build_reliability,
+    engine_settings,
     fill_defaults,
     host_memory_bytes,
 )
@@ -112,7 +113,8 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
         micro_batches=(values["micro_batch"],)
         if values["micro_batch"] is not None
         else DEFAULT_MICRO_BATCHES,
-        recomputes=(values["recompute"],) if values["recompute"] is not None else RECOMPUTES,
+        recomputes=(values["recompute"],) if values["recompute"] is not None else engine_recomputes(values),
+        zero_stages=engine_zero_stages(values),
         offloads=offloads,
         precisions=precisions,  # type: ignore[arg-type]
         max_devices=max_devices,
@@ -122,10 +124,26 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
     return replace(recipe), space
 
 
+def engine_recomputes(values: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The recompute modes searched: every one, or those of the engine the request names."""
+    applied = engine_settings(values)
+    return (
+        RECOMPUTES
+        if applied.default
+        else tuple(r for r in RECOMPUTES if r in applied.engine.recomputes.value)
+    )
+
+
+def engine_zero_stages(values: Mapping[str, Any]) -> tuple[int, ...]:
+    """The ZeRO stages searched: all four, or those of the engine the request names."""
+    applied = engine_settings(values)
+    return (0, 1, 2, 3) if applied.default else tuple(applied.engine.zero_stages.value)
+
+
 def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
     """``plan(...)`` with the request the plan fields describe (the CLI, the web and Python APIs)."""
     recipe, space = request(values, compare_mode=False)
-    return plan(
+    result = plan(
         model,
         recipe,
         accs,
@@ -139,13 +157,21 @@ def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Acc
         pue=values["pue"],
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
+        memory_margin=values["memory_margin"],
     )
+    return _with_engine(result, values)
+
+
+def _with_engine(result: PlanResult, values: Mapping[str, Any]) -> PlanResult:
+    """``result`` naming the engine that set the request's unset engine settings."""
+    applied = engine_settings(values)
+    return replace(result, engine=applied, notes=(f"engine: {applied.describe()}", *result.notes))
 
 
 def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
     """``compare(...)`` with the request the compare fields describe (the CLI, the web and Python APIs)."""
     recipe, space = request(values, compare_mode=True)
-    return compare(
+    result = compare(
         model,
         recipe,
         accs,
@@ -156,7 +182,9 @@ def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[
         pue=values["pue"],
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
+        memory_margin=values["memory_margin"],
     )
+    return _with_engine(result, values)
 
 
 def compare_to_dict(result: PlanResult) -> dict[str, object]:
@@ -170,6 +198,7 @@ def compare_to_dict(result: PlanResult) -> dict[str, object]:
         "search": result.stats.to_dict(),
         "notes": list(result.notes),
         "ranking": list(result.ranking),
+        **({"engine": result.engine.to_dict()} if result.engine is not None else {}),
     }
 
 

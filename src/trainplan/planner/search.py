@@ -24,7 +24,7 @@ import operator
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +35,7 @@ from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
 from trainplan.inputs import DEFAULT_MAX_DEVICES, OBJECTIVES
-from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions
+from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions, nearest_micro_batches
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.bulk import (
     INVALID_REASONS,
@@ -215,6 +215,9 @@ class PlanResult:
     per_accelerator: tuple[AcceleratorBest, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     ranking: tuple[str, ...] = ()  # what the bands allow the ranking to say (:func:`ranking_statements`)
+    engine: Any = None
+    """The ``trainplan.engines.Applied`` that filled the request's unset engine settings (plans
+    built from input fields); ``None`` otherwise."""
 
     def to_dict(self) -> dict[str, object]:
         def one(p: Plan | None) -> object:
@@ -242,6 +245,7 @@ class PlanResult:
             "per_accelerator": [b.to_dict() for b in self.per_accelerator],
             "notes": list(self.notes),
             "ranking": list(self.ranking),
+            **({"engine": self.engine.to_dict()} if self.engine is not None else {}),
         }
 
 
@@ -422,11 +426,10 @@ def enumerate_candidates(
         ],
         dtype=np.int64,
     ).reshape(len(cores), 7)
-    tp, mp, cp, ep, off, prec, mbs = (np.ascontiguousarray(tab[:, j]) for j in range(7))
+    tp, mp, cp, ep, off, prec, _mbs = (np.ascontiguousarray(tab[:, j]) for j in range(7))
     tp_max = int(tp.max(initial=1))
     off_none, off_params = off_code["none"], off_code["optimizer+params"]
     zeros = np.array(space.zero_stages, dtype=np.int64)
-    gb = global_batch or 0
     blocks: list[tuple[npt.NDArray[np.int64], ...]] = []
     # block id (-1: empty) and drop counts per (device count, domain, supported precisions)
     built: dict[tuple[int, int, tuple[str, ...]], tuple[int, dict[str, int]]] = {}
@@ -452,10 +455,6 @@ def enumerate_candidates(
         need_zero = ((offz != off_none) & (zi == 0)) | ((offz == off_params) & (zi != 3))
         drops["invalid: CPU offload needs ZeRO >= 1 (parameters: ZeRO 3)"] = int((keep & need_zero).sum())
         keep &= ~need_zero
-        if gb:
-            bad_gb = gb % (dpi * mbs[ci]) != 0
-            drops["invalid: global batch is not a multiple of dp·micro_batch"] = int((keep & bad_gb).sum())
-            keep &= ~bad_gb
         dup2 = (shard == 1) & (zi == 2)
         dup1 = (shard == 1) & (zi == 1) & (offz == off_none)
         k = "duplicate: ZeRO 1/2 with dp·cp = 1 equal ZeRO 1/0 (nothing to shard)"
@@ -537,23 +536,58 @@ class _Context:
     host_memory: float | None = None
     reliability: Reliability | None = DEFAULT_RELIABILITY
     user_prices: frozenset[str] = frozenset()  # accelerators priced by the user (--device-price)
+    memory_margin: float = 0.0
 
 
 def _scalar(ctx: _Context, i: int) -> Estimate:
     """The scalar estimate of candidate ``i`` (the planner's answer is always this one)."""
     a, n, dp, zero, c = ctx.cand.at(i)
     core = ctx.cores[c]
+    recipe = core.recipe(ctx.base)
+    per_step = dp * core.micro_batch
+    gb = int(nearest_micro_batches(int(ctx.base.global_batch or 0), per_step)) * per_step
     return estimate(
         System(accelerator=ctx.accs[a], num_devices=n, host_memory_bytes_per_node=ctx.host_memory),
         ctx.model,
-        core.recipe(ctx.base),
+        recipe if gb == recipe.global_batch else replace(recipe, global_batch=gb),
         core.layout(dp, zero, ctx.options),
         # the user's price, else the catalog offering _price chose (the estimate names its source)
         price_usd_per_device_hour=ctx.prices[a] if ctx.accs[a].name in ctx.user_prices else None,
         provider=ctx.provider if ctx.prices[a] is not None else None,
         pue=ctx.pue,
         reliability=ctx.reliability,
+        memory_margin=ctx.memory_margin,
     )
+
+
+def _no_candidate_message(
+    skipped: Mapping[str, str], pruned: Mapping[str, int], invalid: Mapping[str, int], space: SearchSpace
+) -> str:
+    """Why no layout was left to evaluate: skipped accelerators, then the filters that removed
+    candidates (largest first); never an empty reason."""
+    reasons = [f"{k}: {v}" for k, v in skipped.items()]
+    drops = sorted(((v, k) for k, v in {**pruned, **invalid}.items() if v), reverse=True)
+    reasons += [f"{k} ({v:,} layouts)" for v, k in drops]
+    if not reasons:
+        counts = space.device_counts or f"the device ladder up to --max-devices {space.max_devices}"
+        reasons = [f"no layout of the model divides the device counts searched ({counts})"]
+    return "no candidate layout: " + "; ".join(reasons)
+
+
+def _rounded_batch_notes(global_batch: int, plans: Sequence[Plan]) -> list[str]:
+    """Say which plans train with another global batch than the one requested (the nearest
+    multiple of their dp·micro_batch, ``layout.nearest_micro_batches``)."""
+    rounded = {
+        f"{p.label} {p.estimate.layout.describe()}: {p.estimate.recipe.global_batch}"
+        for p in plans
+        if p.estimate.recipe.global_batch != global_batch
+    }
+    if not rounded:
+        return []
+    return [
+        f"global batch {global_batch} is not a multiple of dp·micro-batch everywhere: those plans train "
+        "with the nearest multiple (" + "; ".join(sorted(rounded)) + ")"
+    ]
 
 
 def candidate_estimate(ctx: _Context, i: int) -> Estimate:
@@ -646,8 +680,9 @@ class _Planner:
     def __init__(self, ctx: _Context) -> None:
         self.ctx = ctx
         res, cand = ctx.res, ctx.cand
-        # representatives: fastest feasible layout per (accelerator, devices), ties broken by
-        # memory, core, ZeRO stage, index (the first of a sort by step time and those keys)
+        # representatives: fastest feasible layout per (accelerator, devices), ties broken toward
+        # the simpler plan — less offload, a lower ZeRO stage, less model parallelism — then by
+        # memory, core and index (the first of a sort by step time and those keys)
         idx = res.timed
         step = res.times["step_s"]
         fc = cand.take(idx)
@@ -657,7 +692,12 @@ class _Planner:
         np.fmin.at(best, gid, step)
         tied = np.flatnonzero(step == best[gid])
         per_device = res.memory_at("per_device", idx[tied])
-        order = np.lexsort((idx[tied], fc.zero[tied], fc.core[tied], per_device, step[tied]))
+        offload_rank = np.array([OFFLOADS.index(c.offload) for c in ctx.cores], dtype=np.int64)
+        model_parallel = np.array([c.tp * c.pp * c.cp * c.ep for c in ctx.cores], dtype=np.int64)
+        tc = fc.core[tied]
+        order = np.lexsort(
+            (idx[tied], tc, per_device, model_parallel[tc], fc.zero[tied], offload_rank[tc], step[tied])
+        )
         tied = tied[order]
         _, first = np.unique(group[tied], return_index=True)
         pos = tied[np.sort(first)]
@@ -723,22 +763,29 @@ class _Planner:
         )
 
     def compare_line(self, i: int, j: int) -> str:
-        """Why plan j loses against plan i (or what it trades)."""
+        """Why plan j loses against plan i (or what it trades): "dominated" when it takes longer
+        and costs no less; the same cost (within half a percent or $0.50) is said once as such."""
         r = self.fig
         ti, tj = r.time_s[i], r.time_s[j]
         if math.isnan(ti):
             ti, tj = r.step_s[i], r.step_s[j]
         ci, cj = r.cost_usd[i], r.cost_usd[j]
         speed = f"{tj / ti:.2f}× the time" if tj >= ti else f"{ti / tj:.2f}× faster"
+        priced = not (math.isnan(ci) or math.isnan(cj))
+        same_cost = priced and abs(cj - ci) <= max(0.5, 0.005 * abs(ci))
         if math.isnan(cj):
             money = "no price known"
         elif math.isnan(ci):
             money = f"costs {_fmt_usd(cj)}"
-        elif cj >= ci:
+        elif same_cost:
+            money = f"the same cost ({_fmt_usd(cj)})"
+        elif cj > ci:
             money = f"{_fmt_usd(cj - ci)} more ({_fmt_usd(cj)})"
         else:
             money = f"{_fmt_usd(ci - cj)} cheaper ({_fmt_usd(cj)})"
-        return f"{self.label(j)} ({self.est_layout(j)}): {speed}, {money}"
+        dominated = tj > ti and priced and (same_cost or cj > ci)
+        verdict = "dominated: " if dominated else ("trade-off: " if priced and tj < ti and cj > ci else "")
+        return f"{self.label(j)} ({self.est_layout(j)}): {verdict}{speed}, {money}"
 
     def est_layout(self, j: int) -> str:
         *_, dp, zero, c = self.ctx.cand.at(j)
@@ -800,6 +847,7 @@ def plan(
     with_per_accelerator: bool = False,
     host_memory_bytes_per_node: float | None = None,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
+    memory_margin: float = 0.0,
 ) -> PlanResult:
     """Search accelerators × device counts × layouts for ``model`` trained with ``recipe``.
 
@@ -807,7 +855,8 @@ def plan(
     fields listed in ``space`` (micro-batch, recompute, offload, precision) are searched over the
     values given there. ``prices`` overrides the catalog price per accelerator name ($/device-hour).
     ``host_memory_bytes_per_node`` overrides the catalog's server CPU memory, against which
-    offloaded states are checked (``memory.host_fits``).
+    offloaded states are checked (``memory.host_fits``). ``memory_margin``: the fraction of device
+    memory every plan leaves free (``memory.usable_bytes``, as estimate's ``fits``).
     """
     t0 = time.perf_counter()
     space = space or SearchSpace()
@@ -853,6 +902,7 @@ def plan(
         options=space.layout_options,
         host_memory_bytes_per_node=host_memory_bytes_per_node,
         reliability=reliability,
+        memory_margin=memory_margin,
     )
     unchecked = [a.name for a in accs if a.host_memory_bytes_per_node is None]
     if host_memory_bytes_per_node is None and unchecked and any(o != "none" for o in space.offloads):
@@ -867,9 +917,7 @@ def plan(
     )
     res = ev.evaluate(cand, prune_slower=True) if len(cand) else None
     if res is None:
-        raise TrainplanError(
-            "hardware", "no candidate layout: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())
-        )
+        raise TrainplanError("hardware", _no_candidate_message(skipped, pruned, invalid_cores, space))
     ctx = _Context(
         model=model,
         base=base,
@@ -884,6 +932,7 @@ def plan(
         host_memory=host_memory_bytes_per_node,
         reliability=reliability,
         user_prices=frozenset(prices),
+        memory_margin=memory_margin,
     )
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
     pruned[k_dom] = int(res.dominated.sum())
@@ -1039,6 +1088,7 @@ def plan(
             "no price for " + ", ".join(unpriced) + ": planned for time; cost shown as 'no price' "
             "(give --device-price NAME=USD)"
         )
+    notes.extend(_rounded_batch_notes(int(base.global_batch or 0), [*plans, *([closest] if closest else [])]))
     stats = SearchStats(
         candidates=len(cand),
         valid=counts[VALID],
@@ -1084,6 +1134,7 @@ def compare(
     pue: float = DEFAULT_PUE,
     host_memory_bytes_per_node: float | None = None,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
+    memory_margin: float = 0.0,
 ) -> PlanResult:
     """The same job on each accelerator at its best layout and device count (``per_accelerator``)."""
     return plan(
@@ -1099,4 +1150,5 @@ def compare(
         with_per_accelerator=True,
         host_memory_bytes_per_node=host_memory_bytes_per_node,
         reliability=reliability,
+        memory_margin=memory_margin,
     )

@@ -207,6 +207,8 @@ class EstimateInputs:
     pue: float
     reliability: Any = None
     rlhf: Any = None
+    engine: Any = None  # trainplan.engines.Applied: what the engine set
+    memory_margin: float = 0.0  # fraction of device memory a fitting plan leaves free
 
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
@@ -234,13 +236,17 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
         pue=values["pue"],
         reliability=inputs.build_reliability(values),
         rlhf=rlhf_spec(values, model, recipe),
+        engine=inputs.engine_settings(values),
+        memory_margin=values["memory_margin"],
     )
 
 
 def _run_estimate(inp: EstimateInputs) -> Any:
+    from dataclasses import replace
+
     from trainplan.predict import estimate
 
-    return estimate(
+    est = estimate(
         inp.system,
         inp.model,
         inp.recipe,
@@ -250,7 +256,9 @@ def _run_estimate(inp: EstimateInputs) -> Any:
         pue=inp.pue,
         reliability=inp.reliability,
         rlhf=inp.rlhf,
+        memory_margin=inp.memory_margin,
     )
+    return replace(est, engine=inp.engine)
 
 
 def estimate(body: object) -> dict[str, object]:

@@ -100,7 +100,17 @@
     wrap.title = spec.description || "";
     const types = Array.isArray(spec.type) ? spec.type : [spec.type];
     let input;
-    if (types.includes("boolean")) {
+    const unset = types.includes("null");  // left open: the engine (or the server) decides
+    if (types.includes("boolean") && unset) {
+      // a setting the engine decides unless given: engine's / on / off
+      input = document.createElement("select");
+      for (const [v, text] of [["", "engine's"], ["true", "on"], ["false", "off"]]) {
+        const o = document.createElement("option");
+        o.value = v; o.textContent = text;
+        input.appendChild(o);
+      }
+      wrap.append(document.createTextNode(label(name)), input);
+    } else if (types.includes("boolean")) {
       wrap.classList.add("check");
       input = document.createElement("input");
       input.type = "checkbox";
@@ -109,6 +119,11 @@
     } else {
       if (spec.enum) {
         input = document.createElement("select");
+        if (spec.default === undefined || spec.default === null) {
+          const o = document.createElement("option");  // not given: the default (the engine's)
+          o.value = ""; o.textContent = "default";
+          input.appendChild(o);
+        }
         for (const v of spec.enum) {
           const o = document.createElement("option");
           o.value = String(v); o.textContent = String(v);
@@ -126,11 +141,13 @@
     input.id = id;
     input.name = name;
     parent.appendChild(wrap);
-    return { name, spec, input, kind: types.includes("boolean") ? "bool" : (types.includes("integer") || types.includes("number")) ? "num" : "str" };
+    const kind = types.includes("boolean") ? (unset ? "tri" : "bool") : (types.includes("integer") || types.includes("number")) ? "num" : "str";
+    return { name, spec, input, kind };
   }
 
   function readField(f) {
     if (f.kind === "bool") return f.input.checked;
+    if (f.kind === "tri") return f.input.value === "" ? undefined : f.input.value === "true";
     const v = f.input.value.trim();
     if (v === "") return undefined;
     if (f.kind === "num" && !(f.spec.enum)) {
@@ -466,6 +483,7 @@
     const f = state.fields.find((x) => x.name === name);
     if (!f || value === undefined) return;
     if (f.kind === "bool") f.input.checked = !!value;
+    else if (f.kind === "tri") f.input.value = value === null ? "" : String(!!value);
     else f.input.value = value === null ? "" : String(value);
   }
 

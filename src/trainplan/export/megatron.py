@@ -1,0 +1,323 @@
+"""A Megatron-LM launch: ``torchrun`` running ``pretrain_gpt.py`` with the plan as its arguments.
+
+Every flag is one of Megatron-LM's own (``megatron/training/arguments.py`` at core_r0.14.0;
+tests/test_export_megatron.py pins the set and parses the list back):
+
+* model: ``--num-layers``, ``--hidden-size``, ``--ffn-hidden-size``, ``--num-attention-heads``,
+  ``--group-query-attention --num-query-groups``, ``--kv-channels``, ``--normalization``,
+  ``--swiglu``, ``--position-embedding-type``, ``--untie-embeddings-and-output-weights``,
+  ``--disable-bias-linear`` / ``--add-qkv-bias``, ``--qk-layernorm``; mixture of experts:
+  ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--moe-grouped-gemm``,
+  ``--moe-token-dispatcher-type alltoall``, ``--moe-shared-expert-intermediate-size``;
+* parallelism: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
+  ``--num-virtual-stages-per-pipeline-rank``, ``--context-parallel-size``,
+  ``--expert-model-parallel-size``, ``--sequence-parallel``, ``--use-distributed-optimizer``
+  (ZeRO-1), Megatron-FSDP ``--use-megatron-fsdp --data-parallel-sharding-strategy
+  optim_grads`` / ``optim_grads_params`` (ZeRO-2 / ZeRO-3, with ``--no-gradient-accumulation-fusion``
+  and ``--ckpt-format fsdp_dtensor`` as its documentation asks);
+* overlap: ``--overlap-grad-reduce`` (and ``--overlap-param-gather`` with a sharded optimizer),
+  ``--tp-comm-overlap``, ``--no-overlap-p2p-communication`` on an interleaved schedule without it;
+* batch and length: ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``,
+  ``--max-position-embeddings``, ``--train-iters`` and ``--lr-decay-iters`` from ``--tokens``;
+* recipe: ``--bf16`` / ``--fp16``, ``--fp8-format hybrid``, ``--fp4-format e2m1``,
+  ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` or
+  ``--recompute-granularity selective``, ``--attention-backend flash`` / ``unfused``,
+  ``--attention-dropout`` and ``--hidden-dropout`` (Megatron's default is 0.1: always written),
+  ``--optimizer adam`` / ``sgd``, ``--optimizer-cpu-offload --optimizer-offload-fraction 1.0``;
+* data: ``--mock-data --tokenizer-type NullTokenizer --vocab-size`` (synthetic data, so the
+  command runs as written; the warnings say what to put for real data).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Final
+
+from trainplan.errors import TrainplanError
+from trainplan.export._common import PlanFacts, plan_facts, unsupported
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
+from trainplan.recipe import Recipe
+
+TARGET: Final = "megatron"
+VERSION: Final = "core_r0.14.0"
+RDZV_PORT: Final = 29500
+
+
+def train_steps(recipe: Recipe, global_batch: int) -> int | None:
+    """Optimizer steps that train ``recipe.tokens``: ⌈tokens / (global batch · sequence length)⌉."""
+    if recipe.tokens is None:
+        return None
+    return max(1, math.ceil(recipe.tokens / (global_batch * recipe.seq_len)))
+
+
+def _check_recipe(recipe: Recipe) -> None:
+    if recipe.method not in ("pretrain", "full"):
+        raise unsupported(
+            TARGET,
+            "method",
+            f"method {recipe.method!r} (pretrain_gpt.py trains every weight with a next-token loss)",
+            "export a LoRA/QLoRA plan to deepspeed or accelerate, or plan --method full",
+        )
+    if recipe.recompute == "sac":
+        raise unsupported(
+            TARGET,
+            "recompute",
+            "torchtitan's per-op selective checkpointing (its selective recompute is the attention core)",
+            "plan with --recompute selective or full",
+        )
+    if recipe.recompute_early_stop and recipe.recompute == "full":
+        raise unsupported(
+            TARGET,
+            "recompute_early_stop",
+            "early-stopping recompute (its CheckpointFunction re-runs the whole block)",
+            "plan with --engine megatron (or --no-recompute-early-stop)",
+        )
+    for flag, on, what in (
+        ("loss_chunks", recipe.loss_chunks != 1, "chunked cross-entropy"),
+        ("paged_optimizer", recipe.paged_optimizer, "bitsandbytes paged optimizers"),
+        ("optimizer_in_backward", recipe.optimizer_in_backward, "an optimizer step inside the backward"),
+        ("master_weights", not recipe.master_weights, "16-bit training without FP32 master weights"),
+    ):
+        if on:
+            raise unsupported(TARGET, flag, what, f"plan without --{flag.replace('_', '-')}")
+    if recipe.offload == "optimizer+params":
+        raise unsupported(
+            TARGET,
+            "offload",
+            "parameter offload (--optimizer-cpu-offload moves the optimizer only)",
+            "plan with --offload optimizer or none",
+        )
+
+
+def _model_args(model: ModelSpec, recipe: Recipe) -> list[str]:
+    if model.parallel_attn_mlp or model.post_norms or model.qk_norm_full_width:
+        raise unsupported(
+            TARGET,
+            "model",
+            f"{model.name}'s block (parallel attention/MLP, post-norms or full-width q/k norms are not "
+            "options of pretrain_gpt.py's GPT model)",
+            "export to torchtitan or deepspeed",
+        )
+    if model.activation not in ("swiglu", "gelu"):
+        raise unsupported(TARGET, "model", f"the {model.activation} MLP", "export to deepspeed or accelerate")
+    if model.position not in ("rope", "learned", "none"):
+        raise unsupported(TARGET, "model", f"{model.position} positions", "export to deepspeed or accelerate")
+    args = [
+        "--num-layers", str(model.num_layers),
+        "--hidden-size", str(model.hidden_size),
+        "--num-attention-heads", str(model.num_heads),
+        "--kv-channels", str(model.head_dim),
+        "--seq-length", str(recipe.seq_len),
+        "--max-position-embeddings", str(max(recipe.seq_len, model.max_seq_len)),
+        "--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
+        "--position-embedding-type",
+        {"rope": "rope", "learned": "learned_absolute", "none": "none"}[model.position],
+    ]  # fmt: skip
+    if model.ffn_hidden:
+        args += ["--ffn-hidden-size", str(model.ffn_hidden)]
+    if model.num_kv_heads != model.num_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
+    if model.activation == "swiglu":
+        args.append("--swiglu")
+    if not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not (model.attn_out_bias or model.mlp_bias):
+        args.append("--disable-bias-linear")
+        if model.qkv_bias:
+            args.append("--add-qkv-bias")
+    elif not model.qkv_bias:
+        raise unsupported(
+            TARGET, "model", "biases on some linear layers but not on q/k/v", "export to deepspeed"
+        )
+    if model.qk_norm:
+        args.append("--qk-layernorm")
+    moe = model.moe
+    if moe is not None:
+        if moe.first_dense_layers or moe.layer_freq != 1:
+            raise unsupported(
+                TARGET, "model", "dense layers between the expert layers", "export to torchtitan or deepspeed"
+            )
+        args += [
+            "--num-experts", str(moe.num_experts),
+            "--moe-router-topk", str(moe.top_k),
+            "--moe-ffn-hidden-size", str(moe.expert_ffn_hidden),
+            "--moe-grouped-gemm",
+            "--moe-token-dispatcher-type", "alltoall",
+        ]  # fmt: skip
+        if moe.num_shared_experts:
+            width = (moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden) * moe.num_shared_experts
+            args += ["--moe-shared-expert-intermediate-size", str(width)]
+    return args
+
+
+def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
+    args = [
+        "--tensor-model-parallel-size", str(layout.tp),
+        "--pipeline-model-parallel-size", str(layout.pp),
+        "--context-parallel-size", str(layout.cp),
+    ]  # fmt: skip
+    if layout.ep > 1:
+        args += ["--expert-model-parallel-size", str(layout.ep)]
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    if layout.pp > 1 and layout.pp_schedule == "zb":
+        raise unsupported(
+            TARGET, "pp_schedule", "a zero-bubble schedule", "plan with --pp-schedule 1f1b or interleaved"
+        )
+    if layout.pp_schedule == "interleaved":
+        if model.num_layers % (layout.pp * layout.virtual_stages):
+            raise unsupported(
+                TARGET,
+                "virtual_stages",
+                f"{layout.pp}·{layout.virtual_stages} chunks of unequal size ({model.num_layers} layers)",
+                "choose a --virtual-stages that divides the layers per stage",
+            )
+        args += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]
+        if not layout.pp_comm_overlap:
+            args.append("--no-overlap-p2p-communication")
+    elif layout.pp_comm_overlap:
+        raise unsupported(
+            TARGET,
+            "pp_comm_overlap",
+            "pipeline overlap without the interleaved schedule (arguments.py turns it off)",
+            "plan with --pp-schedule interleaved, or --no-pp-comm-overlap",
+        )
+    if layout.zero == 1:
+        args.append("--use-distributed-optimizer")
+    elif layout.zero in (2, 3):
+        strategy = "optim_grads" if layout.zero == 2 else "optim_grads_params"
+        args += [
+            "--use-distributed-optimizer",
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy", strategy,
+            "--ckpt-format", "fsdp_dtensor",
+        ]  # fmt: skip
+    if layout.zero3_granularity != "block":
+        raise unsupported(
+            TARGET, "zero3_granularity", "per-parameter ZeRO-3 gathers", "plan with --zero3-granularity block"
+        )
+    if layout.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+        if layout.zero >= 1:
+            args.append("--overlap-param-gather")
+    if layout.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    if layout.grad_accumulation == "main_grad":
+        raise unsupported(
+            TARGET,
+            "grad_accumulation",
+            "the 2021 LocalDDP main-gradient hook",
+            "plan with --grad-accumulation fused or autograd",
+        )
+    if layout.grad_accumulation == "autograd" or layout.zero in (2, 3):
+        args.append("--no-gradient-accumulation-fusion")
+    return args
+
+
+def _recipe_args(recipe: Recipe) -> list[str]:
+    args: list[str] = []
+    if recipe.precision == "bf16":
+        args.append("--bf16")
+    elif recipe.precision == "fp16":
+        args.append("--fp16")
+    elif recipe.precision == "fp8":
+        args += ["--bf16", "--fp8-format", "hybrid"]
+    elif recipe.precision == "fp4":
+        args += ["--bf16", "--fp4-format", "e2m1"]
+    if recipe.recompute == "full":
+        args += [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            "1",
+        ]
+    elif recipe.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    args += ["--attention-backend", "flash" if recipe.attention == "flash" else "unfused"]
+    args += ["--attention-dropout", repr(recipe.dropout), "--hidden-dropout", repr(recipe.dropout)]
+    optimizer = {"adamw": "adam", "sgd": "sgd", "sgd-momentum": "sgd"}.get(recipe.optimizer)
+    if optimizer is None:
+        raise unsupported(
+            TARGET,
+            "optimizer",
+            f"optimizer {recipe.optimizer!r} (its optimizers are Adam(W) and SGD)",
+            "plan with --optimizer adamw",
+        )
+    args += ["--optimizer", optimizer]
+    if recipe.optimizer == "sgd":
+        args += ["--sgd-momentum", "0.0"]
+    if recipe.offload == "optimizer":
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0"]
+    return args
+
+
+def build_argv(
+    system: System, model: ModelSpec, recipe: Recipe, layout: Layout
+) -> tuple[list[str], PlanFacts, tuple[str, ...]]:
+    """The launch's ``argv`` (``torchrun ... pretrain_gpt.py ARGS``), the plan facts and warnings."""
+    facts = plan_facts(system, model, recipe, layout)
+    _check_recipe(recipe)
+    warnings: list[str] = [
+        "synthetic data (--mock-data, NullTokenizer): give --data-path and --tokenizer-type/--tokenizer-model "
+        "for real data",
+    ]
+    if model.position == "rope":
+        warnings.append(f"--rotary-base is Megatron's default (10000): set {model.name}'s RoPE base")
+    args = [
+        *_model_args(model, recipe),
+        *_parallel_args(model, layout),
+        "--micro-batch-size", str(recipe.micro_batch),
+        "--global-batch-size", str(facts.global_batch),
+        *_recipe_args(recipe),
+        "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(model.vocab_size),
+    ]  # fmt: skip
+    steps = train_steps(recipe, facts.global_batch)
+    if steps is None:
+        warnings.append("no --tokens: --train-iters is left for you to set")
+    else:
+        args += ["--train-iters", str(steps), "--lr-decay-iters", str(steps)]
+    launcher = ["torchrun", "--nnodes", str(facts.num_nodes), "--nproc-per-node", str(facts.nproc_per_node)]
+    if facts.num_nodes > 1:
+        launcher += [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"$MASTER_ADDR:{RDZV_PORT}",
+            "--rdzv-id",
+            "trainplan",
+        ]
+        warnings.append("multi-node: run the same command on every node with MASTER_ADDR set")
+    else:
+        launcher.append("--standalone")
+    return [*launcher, "pretrain_gpt.py", *args], facts, tuple(warnings)
+
+
+def megatron_args(argv: list[str]) -> list[str]:
+    """The ``pretrain_gpt.py`` arguments of a launch ``argv`` (what Megatron-LM's parser reads)."""
+    if "pretrain_gpt.py" not in argv:
+        raise TrainplanError("to", "not a Megatron-LM launch")
+    return argv[argv.index("pretrain_gpt.py") + 1 :]
+
+
+def render(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[str, tuple[str, ...]]:
+    argv, _, warnings = build_argv(system, model, recipe, layout)
+    quoted = [a if a.startswith("$MASTER_ADDR") else shlex.quote(a) for a in argv]
+    lines: list[str] = []
+    line = ""
+    for word in quoted:
+        if (word.startswith("--") or word == "pretrain_gpt.py") and line:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    header = (
+        f"# Megatron-LM {VERSION} (run from its repository root), written by trainplan\n"
+        f"# {model.name}, {recipe.method}, {recipe.precision}, layout {layout.describe()}\n"
+    )
+    return header + " \\\n  ".join(lines) + "\n", warnings
