@@ -180,6 +180,7 @@ def test_user_file_round_trip(tmp_path: Path) -> None:
         {
             "provider": "AcmeCloud",
             "instance": "x1.8",
+            "kind": "on-demand",
             "usd_per_device_hour": 1.5,
             "devices_per_instance": 8,
             "date": "2026-01",

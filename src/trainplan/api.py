@@ -99,8 +99,8 @@ def _predict(
         recipe,
         layout,
         price_usd_per_device_hour=values["price"],
-        provider=values["provider"],
         pue=values["pue"],
+        price_query=inputs.price_query(values),
         reliability=inputs.build_reliability(values),
         rlhf=rlhf_spec(values, model, recipe),
     )

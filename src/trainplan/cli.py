@@ -130,10 +130,10 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
                 lines.append(
                     f"  assumed: {run.reliability.describe()} (trainplan.goodput; --no-goodput for steps only)"
                 )
-        if run.price_source:
-            lines.append(f"  price: {run.price_source}")
     else:
         lines.append("run: give --tokens for time-to-train, device-hours, cost and energy")
+    if run.price_source:
+        lines.append(f"  price: {run.price_source}")
     if not est.step_band.calibrated or not est.memory_band.calibrated:
         lines.append(
             f"  uncalibrated: no validated runs of {est.step_band.family} accelerators; the bands are "

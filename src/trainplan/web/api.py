@@ -207,6 +207,7 @@ class EstimateInputs:
     pue: float
     reliability: Any = None
     rlhf: Any = None
+    price_query: Any = None
 
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
@@ -234,6 +235,7 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
         pue=values["pue"],
         reliability=inputs.build_reliability(values),
         rlhf=rlhf_spec(values, model, recipe),
+        price_query=inputs.price_query(values),
     )
 
 
@@ -246,10 +248,10 @@ def _run_estimate(inp: EstimateInputs) -> Any:
         inp.recipe,
         inp.layout,
         price_usd_per_device_hour=inp.price,
-        provider=inp.provider,
         pue=inp.pue,
         reliability=inp.reliability,
         rlhf=inp.rlhf,
+        price_query=inp.price_query if inp.price_query is not None else inputs.price_query({}),
     )
 
 
