@@ -174,6 +174,8 @@ class Accelerator:
     status: str
     aliases: tuple[str, ...] = ()
     peak_flops: Mapping[str, float]
+    sparse_peak_flops: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Vendor peaks *with* structured sparsity, kept apart for reference; no estimate reads them."""
     memory_bytes: float
     memory_bandwidth_bytes_per_s: float
     memory_type: str
@@ -218,6 +220,19 @@ class Accelerator:
                 )
             _positive(f"peak_flops.{key}", value, "give the dense peak in FLOP/s (halve sparse figures)")
         object.__setattr__(self, "peak_flops", _freeze_floats(self.peak_flops))
+        for key, value in self.sparse_peak_flops.items():
+            if key not in PEAK_KEYS:
+                raise CatalogError(
+                    f"sparse_peak_flops.{key}", f"unknown dtype {key!r}; use one of {', '.join(PEAK_KEYS)}"
+                )
+            _positive(f"sparse_peak_flops.{key}", value, "give the vendor's with-sparsity peak in FLOP/s")
+            dense = self.peak_flops.get(key)
+            if dense is not None and value < dense:
+                raise CatalogError(
+                    f"sparse_peak_flops.{key}",
+                    f"{value:g} is below the dense peak {dense:g}; a sparse peak is never lower",
+                )
+        object.__setattr__(self, "sparse_peak_flops", _freeze_floats(self.sparse_peak_flops))
         _positive("memory_bytes", self.memory_bytes, "give device memory in bytes (80 GB = 80e9)")
         if self.usable_memory_bytes is not None:
             _positive(
@@ -332,6 +347,7 @@ class Accelerator:
             "status": self.status,
             "aliases": list(self.aliases),
             "peak_flops": {k: float(v) for k, v in self.peak_flops.items()},
+            "sparse_peak_flops": {k: float(v) for k, v in self.sparse_peak_flops.items()},
             "memory_bytes": float(self.memory_bytes),
             "memory_bandwidth_bytes_per_s": float(self.memory_bandwidth_bytes_per_s),
             "memory_type": self.memory_type,

@@ -44,6 +44,7 @@ _ACCELERATOR_KEYS: Final[dict[str, tuple[str, bool]]] = {
     "status": (_STR, True),
     "aliases": (_STRS, False),
     "peak_flops": (_TABLE, True),
+    "sparse_peak_flops": (_TABLE, False),
     "memory_bytes": (_NUM, True),
     "memory_bandwidth_bytes_per_s": (_NUM, True),
     "memory_type": (_STR, True),
@@ -141,6 +142,10 @@ def parse_entry(entry: Mapping[str, object], where: str) -> Accelerator:
     assert isinstance(peaks, dict)
     for key, value in peaks.items():
         _check_type(f"peak_flops.{key}", value, _NUM, where)
+    sparse = entry.get("sparse_peak_flops", {})
+    assert isinstance(sparse, dict)
+    for key, value in sparse.items():
+        _check_type(f"sparse_peak_flops.{key}", value, _NUM, where)
     sources = entry["sources"]
     assert isinstance(sources, dict)
     for key, value in sources.items():
