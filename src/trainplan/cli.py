@@ -205,8 +205,17 @@ def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
 
 def cmd_hardware(args: argparse.Namespace) -> int:
     from trainplan.hardware import get_accelerator, list_accelerators
-    from trainplan.hardware.render import render_show, render_table
+    from trainplan.hardware.render import render_show, render_systems, render_table
 
+    if args.hardware_command == "systems":
+        from trainplan.hardware.systems import builtin_systems
+
+        specs = builtin_systems()
+        if args.json:
+            print(json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True))
+        else:
+            print(render_systems(specs))
+        return 0
     if args.hardware_command == "show":
         acc = get_accelerator(args.name, args.hardware_file)
         if args.json:
@@ -414,6 +423,8 @@ def _add_hardware(sub: Any) -> None:
     q = hw.add_parser("show", help="every figure of one accelerator, with its source")
     q.add_argument("name")
     add_arguments(q, (HARDWARE_FILE,))
+    q.add_argument("--json", action="store_true")
+    q = hw.add_parser("systems", help="rack and pod systems: scale-up domain, totals, scale-out network")
     q.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_hardware)
 
