@@ -125,7 +125,7 @@ def refusal(name: str, offers: Sequence[CloudOffering], query: PriceQuery) -> Pr
     if query.kind is not None:
         wanted.append(f"kind {query.kind!r}")
     if query.max_age_days is not None:
-        wanted.append(f"at most {query.max_age_days} days old on {today.isoformat()}")
+        wanted.append(f"a date at most {query.max_age_days} days before {today.isoformat()}")
     field = (
         "provider"
         if query.provider is not None
