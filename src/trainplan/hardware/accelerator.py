@@ -28,7 +28,15 @@ from trainplan.dtypes import PEAK_KEYS
 from trainplan.errors import CatalogError
 
 STATUSES: Final[tuple[str, ...]] = ("shipping", "announced")
-SOURCE_KEYS: Final[tuple[str, ...]] = ("peak_flops", "memory", "usable_memory", "power", "price", "links", "host_memory")
+SOURCE_KEYS: Final[tuple[str, ...]] = (
+    "peak_flops",
+    "memory",
+    "usable_memory",
+    "power",
+    "price",
+    "links",
+    "host_memory",
+)
 PRICE_KINDS: Final[tuple[str, ...]] = ("on-demand", "spot", "reserved", "committed", "capacity-block")
 """How a price is sold: ``on-demand`` (pay as you go, no commitment), ``spot`` (preemptible or
 interruptible capacity), ``reserved`` (a reservation or contract of a fixed term), ``committed``

@@ -567,6 +567,32 @@ def _price_notes(accs: Sequence[Accelerator], priced: Sequence[_Price], query: P
     return notes
 
 
+def _unpriced_note(accs: Sequence[Accelerator], prices: Sequence[float | None], query: PriceQuery) -> str:
+    """Which accelerators have no price: none in the catalog, or none the filters keep."""
+    none = [a.name for a, p in zip(accs, prices, strict=True) if p is None and not a.cloud]
+    filtered = [a.name for a, p in zip(accs, prices, strict=True) if p is None and a.cloud]
+    parts = []
+    if none:
+        parts.append(", ".join(none) + " (no dated price in the catalog)")
+    if filtered:
+        parts.append(", ".join(filtered) + f" (none with {_describe_filters(query)})")
+    return (
+        "no price for " + "; ".join(parts) + ": planned for time; cost shown as 'no price' "
+        "(give --device-price NAME=USD; `trainplan hardware show NAME` lists each offering)"
+    )
+
+
+def _describe_filters(query: PriceQuery) -> str:
+    parts = []
+    if query.provider is not None:
+        parts.append(f"provider {query.provider}")
+    if query.kind is not None:
+        parts.append(f"kind {query.kind}")
+    if query.max_age_days is not None:
+        parts.append(f"a date at most {query.max_age_days} days old")
+    return ", ".join(parts)
+
+
 def _describe_query(query: PriceQuery) -> str:
     parts = []
     if query.provider is not None:
@@ -1107,12 +1133,7 @@ def plan(
         per_acc = [b if b.plan is None else replace(b, plan=by_rank[b.plan.rank]) for b in per_acc]
         ranking = ranking_statements(best, objective)
     if unpriced:
-        missing = {a.name: p.missing for a, p in zip(accs, acc_price_info, strict=True) if p.missing}
-        reasons = sorted(set(missing.values()))
-        notes.append(
-            "no price for " + ", ".join(unpriced) + ": planned for time; cost shown as 'no price' "
-            "(give --device-price NAME=USD)" + ("" if price_query.is_open else " — " + " | ".join(reasons))
-        )
+        notes.append(_unpriced_note(accs, acc_prices, price_query))
     if objective == "cost":
         notes.append(
             "objective cost: one row per accelerator, its cheapest plan, ranked by cost "
