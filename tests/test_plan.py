@@ -14,6 +14,7 @@ from trainplan.cli import main
 from trainplan.errors import TrainplanError
 from trainplan.hardware import get_accelerator
 from trainplan.hardware.accelerator import Accelerator
+from trainplan.hardware.prices import OPEN
 from trainplan.hardware.system import System
 from trainplan.layout import LayoutOptions
 from trainplan.models import load_model
@@ -45,7 +46,7 @@ def _bulk(model_name: str, recipe: Recipe, names: tuple[str, ...], space: Search
     accs = sorted((get_accelerator(n) for n in names), key=lambda a: a.name)
     cores, _ = enumerate_cores(model, recipe, space, max(a.scale_up.domain_size for a in accs))
     cand = enumerate_candidates(cores, accs, space, {}, {}, recipe.global_batch)
-    prices = [_price(a, None, {}) for a in accs]
+    prices = [_price(a, OPEN, {}).usd_per_device_hour for a in accs]
     ev = BulkEvaluator(model, recipe, cores, accs, prices, pue=1.2, options=space.layout_options)
     res = ev.evaluate(cand)
     return model, accs, cores, cand, prices, res
@@ -169,7 +170,9 @@ def test_segmented_and_flat_candidates_evaluate_the_same() -> None:
         assert cand.at(i) == tuple(int(x[i]) for x in (cand.acc, cand.devices, cand.dp, cand.zero, cand.core))
     mask = cand.zero == 3
     assert np.array_equal(cand.take(mask).dp, cand.dp[mask])
-    ev = BulkEvaluator(model, recipe, cores, accs, [_price(a, None, {}) for a in accs], pue=1.2)
+    ev = BulkEvaluator(
+        model, recipe, cores, accs, [_price(a, OPEN, {}).usd_per_device_hour for a in accs], pue=1.2
+    )
     fields = ("invalid", "fits", "dominated", "slower", "micro_batches", "capacity_bytes", "per_device_bytes")
     for prune in (False, True):
         a, b = ev.evaluate(cand, prune_slower=prune), ev.evaluate(flat, prune_slower=prune)
