@@ -92,9 +92,12 @@ def default_offering(offers: Sequence[CloudOffering]) -> CloudOffering | None:
     return None
 
 
-def _listing(offers: Sequence[CloudOffering], today: datetime.date) -> str:
+def _listing(offers: Sequence[CloudOffering], today: datetime.date | None) -> str:
+    """Each offer with its date, and its age on ``today`` when an age was asked for."""
     return "; ".join(
-        f"{o.provider} {o.kind} ${o.usd_per_device_hour:.2f} ({o.date}, {o.age_days(today)} days old)"
+        f"{o.provider} {o.kind} ${o.usd_per_device_hour:.2f} ({o.date}"
+        + ("" if today is None else f", {o.age_days(today)} days old")
+        + ")"
         for o in sorted(offers, key=lambda o: (o.provider.lower(), o.kind, o.usd_per_device_hour))
     )
 
@@ -137,7 +140,8 @@ def refusal(name: str, offers: Sequence[CloudOffering], query: PriceQuery) -> Pr
     )
     return PriceError(
         field,
-        f"no price for {name} with {', '.join(wanted)}; the catalog has: {_listing(offers, today)}. "
+        f"no price for {name} with {', '.join(wanted)}; the catalog has: "
+        f"{_listing(offers, today if query.max_age_days is not None else None)}. "
         "Relax the filter or give --price USD_PER_DEVICE_HOUR",
     )
 
