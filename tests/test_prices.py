@@ -236,3 +236,14 @@ def test_plan_price_filters_and_refusals() -> None:
     assert "TensorWave" in err.value.message and "AWS" in err.value.message
     with pytest.raises(PriceError):
         compare(model, RECIPE, accs, space=SPACE, price_query=PriceQuery(max_age_days=1, today=TODAY))
+
+
+def test_cost_command_prices_rent_by_the_same_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    h100 = get_accelerator("h100-sxm")
+    spot = select_offering(h100.name, h100.cloud, PriceQuery(kind="spot"))
+    assert spot is not None
+    assert main(["cost", "h100-sxm", "--price-kind", "spot", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert str(spot.usd_per_device_hour) in out and spot.provider in out and "spot" in out
+    assert main(["cost", "h100-sxm", "--provider", "oracle"]) == 2
+    assert "Nebius" in capsys.readouterr().err

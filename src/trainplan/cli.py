@@ -383,14 +383,17 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.price is not None:
         rent, rent_source = args.price, "given (--price)"
     else:
-        offer = choose_offering(System(accelerator=acc, num_devices=devices), args.provider)
+        from trainplan.inputs import price_query
+
+        # --provider, --price-kind and --max-price-age pick the offering, as in estimate and plan
+        offer = choose_offering(System(accelerator=acc, num_devices=devices), None, price_query(vars(args)))
         if offer is None:
             raise TrainplanError(
                 "price",
                 f"{acc.name} has no dated rental price in the catalog; give --price USD_PER_DEVICE_HOUR",
             )
         rent = offer.usd_per_device_hour
-        rent_source = f"{offer.provider} {offer.instance} ({offer.date})"
+        rent_source = f"{offer.provider} {offer.kind} {offer.instance} ({offer.date})"
     own = Ownership(
         accelerator=acc,
         devices=devices,
