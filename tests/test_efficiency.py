@@ -25,6 +25,7 @@ CATALOG_IDS = {
     "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "b300", "gb200", "gb300",
     "vr200", "rtx-4090", "l40s", "mi250x", "mi300x", "mi325x", "mi350x", "mi355x", "tpu-v4",
     "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "trn1", "trn2", "trn3", "gaudi2", "gaudi3", "wse-3",
+    "h800", "h20", "a800", "rtx-5090", "mi455x", "trn2-ultraserver",
 }  # fmt: skip
 
 

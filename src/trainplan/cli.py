@@ -131,10 +131,10 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
                 lines.append(
                     f"  assumed: {run.reliability.describe()} (trainplan.goodput; --no-goodput for steps only)"
                 )
-        if run.price_source:
-            lines.append(f"  price: {run.price_source}")
     else:
         lines.append("run: give --tokens for time-to-train, device-hours, cost and energy")
+    if run.price_source:
+        lines.append(f"  price: {run.price_source}")
     if not est.step_band.calibrated or not est.memory_band.calibrated:
         lines.append(
             f"  uncalibrated: no validated runs of {est.step_band.family} accelerators; the bands are "
@@ -211,8 +211,17 @@ def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
 
 def cmd_hardware(args: argparse.Namespace) -> int:
     from trainplan.hardware import get_accelerator, list_accelerators
-    from trainplan.hardware.render import render_show, render_table
+    from trainplan.hardware.render import render_show, render_systems, render_table
 
+    if args.hardware_command == "systems":
+        from trainplan.hardware.systems import builtin_systems
+
+        specs = builtin_systems()
+        if args.json:
+            print(json.dumps([s.to_dict() for s in specs], indent=2, sort_keys=True))
+        else:
+            print(render_systems(specs))
+        return 0
     if args.hardware_command == "show":
         acc = get_accelerator(args.name, args.hardware_file)
         if args.json:
@@ -492,14 +501,17 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.price is not None:
         rent, rent_source = args.price, "given (--price)"
     else:
-        offer = choose_offering(System(accelerator=acc, num_devices=devices), args.provider)
+        from trainplan.inputs import price_query
+
+        # --provider, --price-kind and --max-price-age pick the offering, as in estimate and plan
+        offer = choose_offering(System(accelerator=acc, num_devices=devices), None, price_query(vars(args)))
         if offer is None:
             raise TrainplanError(
                 "price",
                 f"{acc.name} has no dated rental price in the catalog; give --price USD_PER_DEVICE_HOUR",
             )
         rent = offer.usd_per_device_hour
-        rent_source = f"{offer.provider} {offer.instance} ({offer.date})"
+        rent_source = f"{offer.provider} {offer.kind} {offer.instance} ({offer.date})"
     own = Ownership(
         accelerator=acc,
         devices=devices,
@@ -532,6 +544,8 @@ def _add_hardware(sub: Any) -> None:
     q = hw.add_parser("show", help="every figure of one accelerator, with its source")
     q.add_argument("name")
     add_arguments(q, (HARDWARE_FILE,))
+    q.add_argument("--json", action="store_true")
+    q = hw.add_parser("systems", help="rack and pod systems: scale-up domain, totals, scale-out network")
     q.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_hardware)
 

@@ -7,9 +7,10 @@
     run.cost_usd      = device_hours · price ($ per device-hour), null when no price is known
     run.energy_kwh    = devices · P_avg · time_s / 3.6e6 · PUE
 
-Price: ``--price`` (user, $/device-hour), else ``--provider`` (the catalog's dated offering of that
-provider), else the cheapest dated offering in the catalog; every offering names its provider,
-instance, date and source. Energy counts the accelerators only (not hosts, switches or storage)
+Price: ``--price`` (user, $/device-hour), else the catalog's dated offering picked by
+:mod:`trainplan.hardware.prices` (``--provider``, ``--price-kind`` and ``--max-price-age`` narrow
+it; :data:`~trainplan.hardware.prices.DEFAULT_RULE` ranks what remains); every offering names its
+provider, kind, instance, date and source. Energy counts the accelerators only (not hosts, switches or storage)
 and scales by the data-centre PUE. Average device power follows the linear utilisation model
 used by Patterson et al. 2021 ("Carbon Emissions and Large Neural Network Training", Sec. 2):
 
@@ -27,6 +28,7 @@ from typing import Final
 from trainplan.errors import TrainplanError
 from trainplan.goodput import GoodputTerms, Reliability, goodput_terms
 from trainplan.hardware.accelerator import CloudOffering
+from trainplan.hardware.prices import OPEN, PriceQuery, select_offering
 from trainplan.hardware.system import System
 from trainplan.num import Int, Num, as_float, where
 from trainplan.timing import Throughput, TimeBreakdown
@@ -55,13 +57,26 @@ class RunCost:
     goodput: GoodputTerms | None = None  # None: no tokens, or --no-goodput
     checkpoint_bytes: float | None = None
     reliability: Reliability | None = None
+    offering: CloudOffering | None = None
+    """The catalog offering the price comes from; ``None`` for a user price or no price."""
 
     @property
     def compute_time_s(self) -> float | None:
         return None if self.goodput is None else float(self.goodput.compute_s)
 
+    @property
+    def price_label(self) -> str:
+        """``$6.88/device-h AWS on-demand (2026-08-26)``, ``user price`` or ``no price``."""
+        if self.usd_per_device_hour is None:
+            return "no price"
+        if self.offering is None:
+            return f"${self.usd_per_device_hour:.2f}/device-h user price"
+        o = self.offering
+        return f"${o.usd_per_device_hour:.2f}/device-h {o.provider} {o.kind} ({o.date})"
+
     def to_dict(self) -> dict[str, object]:
         g = self.goodput
+        o = self.offering
         return {
             "tokens": self.tokens,
             "time_s": self.time_s,
@@ -87,23 +102,27 @@ class RunCost:
             "energy_kwh": self.energy_kwh,
             "average_power_w": self.average_power_w,
             "pue": self.pue,
+            "offering": None if o is None else o.to_dict(),
+            "price_provider": None if o is None else o.provider,
+            "price_kind": None if o is None else o.kind,
+            "price_date": None if o is None else o.date,
         }
 
 
-def choose_offering(system: System, provider: str | None) -> CloudOffering | None:
-    """The offering of ``provider`` (cheapest if it lists several), else the system's default."""
-    acc = system.accelerator
-    if provider is None:
-        return system.price
-    offers = [o for o in acc.cloud if o.provider.lower() == provider.lower()]
-    if not offers:
-        known = sorted({o.provider for o in acc.cloud}) or ["none listed"]
-        raise TrainplanError(
-            "provider",
-            f"no {provider!r} offering for {acc.name} in the catalog (providers: {', '.join(known)}); "
-            "use --price USD_PER_DEVICE_HOUR",
+def choose_offering(
+    system: System, provider: str | None = None, query: PriceQuery = OPEN
+) -> CloudOffering | None:
+    """The system's chosen offering, else the one ``query`` (with ``provider``, if given) picks
+    from the catalog (:func:`~trainplan.hardware.prices.select_offering`; a filter that leaves
+    nothing raises :class:`~trainplan.hardware.prices.PriceError`)."""
+    if provider is not None:
+        query = PriceQuery(
+            kind=query.kind, provider=provider, max_age_days=query.max_age_days, today=query.today
         )
-    return min(offers, key=lambda o: o.usd_per_device_hour)
+    if system.offering is not None and query.is_open:
+        return system.offering
+    acc = system.accelerator
+    return select_offering(acc.name, acc.cloud, query)
 
 
 def run_cost(
@@ -117,19 +136,23 @@ def run_cost(
     pue: float = DEFAULT_PUE,
     checkpoint_bytes: float = 0.0,
     reliability: Reliability | None = None,
+    price_query: PriceQuery = OPEN,
 ) -> RunCost:
     """Time, device-hours, dollars and kWh to train ``tokens`` tokens (all null without tokens);
     with ``reliability``, the time includes the interruptions and checkpoints of goodput.py."""
     if pue < 1.0:
         raise TrainplanError("pue", f"PUE is at least 1.0 (facility power / IT power), got {pue}")
+    offer: CloudOffering | None = None
     if price_usd_per_device_hour is not None:
         price: float | None = price_usd_per_device_hour
         price_source: str | None = "user (--price)"
     else:
-        offer = choose_offering(system, provider)
+        offer = choose_offering(system, provider, price_query)
         price = None if offer is None else offer.usd_per_device_hour
         price_source = (
-            None if offer is None else f"{offer.provider} {offer.instance} ({offer.date}): {offer.source}"
+            None
+            if offer is None
+            else f"{offer.provider} {offer.kind} {offer.instance} ({offer.date}): {offer.source}"
         )
     acc = system.accelerator
     power = None if acc.tdp_w is None else float(average_power_w(acc.tdp_w, time.compute_s, time.step_s))
@@ -144,6 +167,7 @@ def run_cost(
             energy_kwh=None,
             average_power_w=power,
             pue=pue,
+            offering=offer,
         )
     time_s, device_hours, cost, energy, terms = run_totals(
         tokens,
@@ -168,6 +192,7 @@ def run_cost(
         energy_kwh=None if power is None else float(energy),
         average_power_w=power,
         pue=pue,
+        offering=offer,
     )
 
 

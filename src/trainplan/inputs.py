@@ -35,6 +35,8 @@ from trainplan.engines import (
 from trainplan.errors import TrainplanError
 from trainplan.export import TARGETS as EXPORT_TARGETS
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
+from trainplan.hardware.accelerator import PRICE_KINDS
+from trainplan.hardware.prices import PriceQuery
 from trainplan.layout import (
     GRAD_ACCUMULATIONS,
     PIPELINE_SCHEDULES,
@@ -651,7 +653,25 @@ COST_FIELDS: Final = (
         positive=True,
         help="USD per device-hour (overrides the catalog)",
     ),
-    Field(name="provider", group="cost", help="use this provider's dated catalog offering (e.g. aws, gcp)"),
+    Field(
+        name="provider",
+        group="cost",
+        help="price at this provider's dated catalog offering (e.g. AWS, CoreWeave, Nebius, RunPod)",
+    ),
+    Field(
+        name="price_kind",
+        group="cost",
+        choices=PRICE_KINDS,
+        help="price at this kind of offering (default: on-demand, else the accelerator's other kinds)",
+    ),
+    Field(
+        name="max_price_age",
+        group="cost",
+        type=int,
+        positive=True,
+        metavar="DAYS",
+        help="use only catalog prices dated at most this many days ago",
+    ),
     Field(
         name="pue",
         group="cost",
@@ -1317,3 +1337,12 @@ def fields_markdown() -> str:
             f"{'yes' if f.searchable else ''} | {commands} | {what} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def price_query(values: Mapping[str, Any]) -> PriceQuery:
+    """The price filters (``--price-kind``, ``--provider``, ``--max-price-age``) of parsed values."""
+    return PriceQuery(
+        kind=values.get("price_kind"),
+        provider=values.get("provider"),
+        max_age_days=values.get("max_price_age"),
+    )

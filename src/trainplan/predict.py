@@ -28,6 +28,7 @@ from trainplan.bands import Band, FitVerdict, fit_verdict, memory_band, step_ban
 from trainplan.cost import DEFAULT_PUE, RunCost, run_cost
 from trainplan.errors import RecipeError, TrainplanError
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability, checkpoint_bytes
+from trainplan.hardware.prices import OPEN, PriceQuery
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.memory import MemoryBreakdown, memory_breakdown
@@ -247,6 +248,7 @@ def estimate(
     reliability: Reliability | None = DEFAULT_RELIABILITY,
     rlhf: RLHFSpec | None = None,
     memory_margin: float = 0.0,
+    price_query: PriceQuery = OPEN,
 ) -> Estimate:
     """Predict memory, step time, throughput and run cost of one training configuration.
 
@@ -257,7 +259,10 @@ def estimate(
     their models and rollout (default: every model the policy's architecture, the sequence split
     half prompt, half generation).
 
-    ``memory_margin``: the fraction of device memory a fitting plan leaves free."""
+    ``memory_margin``: the fraction of device memory a fitting plan leaves free.
+
+    The price: ``price_usd_per_device_hour``, else the system's offering, else the catalog's
+    offering that ``price_query`` and ``provider`` pick (:mod:`trainplan.hardware.prices`)."""
     if layout.num_devices != system.num_devices:
         raise TrainplanError(
             "devices",
@@ -290,7 +295,7 @@ def estimate(
         model,
         recipe,
         layout,
-        capacity_bytes=system.accelerator.memory_bytes,
+        capacity_bytes=system.accelerator.capacity_bytes,
         num_microbatches=nmb,
         host_capacity_bytes_per_node=system.host_memory_bytes_per_node,
         devices_on_node=system.devices_on_a_node,
@@ -345,6 +350,7 @@ def estimate(
         pue=pue,
         checkpoint_bytes=float(checkpoint_bytes(summary.trainable_params, recipe)),
         reliability=reliability,
+        price_query=price_query,
     )
     return Estimate(
         system=system,

@@ -409,7 +409,7 @@ def rollout(
     own_copy = 0.0 if spec.rollout_engine != "vllm" else weights
     seq_tokens = spec.prompt_len + spec.gen_len
     kv_seq = kv_bytes_per_token(model, recipe, tp) * seq_tokens
-    budget = max(0.0, spec.rollout_engine_mem_fraction * acc.memory_bytes - own_copy)
+    budget = max(0.0, spec.rollout_engine_mem_fraction * acc.capacity_bytes - own_copy)
     held = int(budget // kv_seq)
     cap = spec.rollout_concurrency if spec.rollout_concurrency is not None else per_engine
     concurrent = max(1, min(per_engine, cap, held))
@@ -653,7 +653,7 @@ def estimate_rlhf(
     """Memory per phase and the RL time terms; ``actor_memory`` / ``actor_time`` are the actor's
     own training step (``memory.memory_breakdown`` and ``timing.step_time`` of
     :func:`actor_recipe`)."""
-    cap = system.accelerator.memory_bytes
+    cap = system.accelerator.capacity_bytes
     arec = actor_recipe(recipe, spec)
     frozen = frozen_recipe(arec)
     sequences = step_sequences(arec, layout)

@@ -16,6 +16,7 @@ Every figure is SI: FLOP/s, bytes, bytes/s, seconds, watts, US dollars. Conventi
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from collections.abc import Mapping
@@ -27,7 +28,20 @@ from trainplan.dtypes import PEAK_KEYS
 from trainplan.errors import CatalogError
 
 STATUSES: Final[tuple[str, ...]] = ("shipping", "announced")
-SOURCE_KEYS: Final[tuple[str, ...]] = ("peak_flops", "memory", "power", "price", "host_memory")
+SOURCE_KEYS: Final[tuple[str, ...]] = (
+    "peak_flops",
+    "memory",
+    "usable_memory",
+    "power",
+    "price",
+    "links",
+    "host_memory",
+)
+PRICE_KINDS: Final[tuple[str, ...]] = ("on-demand", "spot", "reserved", "committed", "capacity-block")
+"""How a price is sold: ``on-demand`` (pay as you go, no commitment), ``spot`` (preemptible or
+interruptible capacity), ``reserved`` (a reservation or contract of a fixed term), ``committed``
+(a committed-use discount such as Google's 1- or 3-year CUD), ``capacity-block`` (a fixed-duration
+block booked ahead, e.g. AWS EC2 Capacity Blocks for ML)."""
 
 _NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 _DATE_RE: Final = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
@@ -104,11 +118,14 @@ class CloudOffering:
     date: str
     source: str
     devices_per_instance: int
+    kind: str = "on-demand"
 
     def __post_init__(self) -> None:
         _text("provider", self.provider, "name the cloud, e.g. 'AWS'")
+        if self.kind not in PRICE_KINDS:
+            raise CatalogError("kind", f"must be one of {', '.join(PRICE_KINDS)}, got {self.kind!r}")
         _text("instance", self.instance, "name the instance type, e.g. 'p5.48xlarge'")
-        _positive("usd_per_device_hour", self.usd_per_device_hour, "give the on-demand USD per device-hour")
+        _positive("usd_per_device_hour", self.usd_per_device_hour, "give the USD per device-hour")
         if not isinstance(self.date, str) or not _DATE_RE.match(self.date):
             raise CatalogError("date", f"must be YYYY-MM or YYYY-MM-DD, got {self.date!r}")
         _text("source", self.source, "cite the price list or page the price comes from")
@@ -118,10 +135,26 @@ class CloudOffering:
     def usd_per_instance_hour(self) -> float:
         return self.usd_per_device_hour * self.devices_per_instance
 
+    @property
+    def day(self) -> datetime.date:
+        """The price's date; a month-only date (``YYYY-MM``) reads as the first of the month, so
+        an age computed from it is never younger than the price."""
+        parts = [int(p) for p in self.date.split("-")]
+        return datetime.date(parts[0], parts[1], parts[2] if len(parts) == 3 else 1)
+
+    def age_days(self, today: datetime.date) -> int:
+        """Days from the price's date to ``today``."""
+        return (today - self.day).days
+
+    def describe(self) -> str:
+        """``provider kind instance, $X/device-h (date)``: the offering in one line."""
+        return f"{self.provider} {self.kind} {self.instance}, ${self.usd_per_device_hour:.2f}/device-h ({self.date})"
+
     def to_dict(self) -> dict[str, object]:
         return {
             "provider": self.provider,
             "instance": self.instance,
+            "kind": self.kind,
             "usd_per_device_hour": float(self.usd_per_device_hour),
             "devices_per_instance": self.devices_per_instance,
             "date": self.date,
@@ -149,9 +182,12 @@ class Accelerator:
     status: str
     aliases: tuple[str, ...] = ()
     peak_flops: Mapping[str, float]
+    sparse_peak_flops: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Vendor peaks *with* structured sparsity, kept apart for reference; no estimate reads them."""
     memory_bytes: float
     memory_bandwidth_bytes_per_s: float
     memory_type: str
+    usable_memory_bytes: float | None = None
     scale_up: Link
     scale_out: Link | None = None
     host_link: Link | None = None
@@ -163,6 +199,7 @@ class Accelerator:
     """CPU memory of the reference server (``devices_per_node`` accelerators), for offloaded
     states; ``None`` when the catalog knows no reference server (give it per system)."""
     sources: Mapping[str, str]
+    dates: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -191,7 +228,31 @@ class Accelerator:
                 )
             _positive(f"peak_flops.{key}", value, "give the dense peak in FLOP/s (halve sparse figures)")
         object.__setattr__(self, "peak_flops", _freeze_floats(self.peak_flops))
+        for key, value in self.sparse_peak_flops.items():
+            if key not in PEAK_KEYS:
+                raise CatalogError(
+                    f"sparse_peak_flops.{key}", f"unknown dtype {key!r}; use one of {', '.join(PEAK_KEYS)}"
+                )
+            _positive(f"sparse_peak_flops.{key}", value, "give the vendor's with-sparsity peak in FLOP/s")
+            dense = self.peak_flops.get(key)
+            if dense is not None and value < dense:
+                raise CatalogError(
+                    f"sparse_peak_flops.{key}",
+                    f"{value:g} is below the dense peak {dense:g}; a sparse peak is never lower",
+                )
+        object.__setattr__(self, "sparse_peak_flops", _freeze_floats(self.sparse_peak_flops))
         _positive("memory_bytes", self.memory_bytes, "give device memory in bytes (80 GB = 80e9)")
+        if self.usable_memory_bytes is not None:
+            _positive(
+                "usable_memory_bytes",
+                self.usable_memory_bytes,
+                "give the memory a program can allocate in bytes, or leave it out when it equals memory_bytes",
+            )
+            if self.usable_memory_bytes > self.memory_bytes:
+                raise CatalogError(
+                    "usable_memory_bytes",
+                    f"{self.usable_memory_bytes:g} exceeds the nominal memory_bytes {self.memory_bytes:g}",
+                )
         _positive(
             "memory_bandwidth_bytes_per_s",
             self.memory_bandwidth_bytes_per_s,
@@ -224,6 +285,8 @@ class Accelerator:
         required = ["peak_flops", "memory"]
         if self.host_memory_bytes_per_node is not None:
             required.append("host_memory")
+        if self.usable_memory_bytes is not None:
+            required.append("usable_memory")
         if self.tdp_w is not None:
             required.append("power")
         if self.purchase_usd is not None:
@@ -233,6 +296,12 @@ class Accelerator:
             if not isinstance(text, str) or not text.strip():
                 raise CatalogError(f"sources.{key}", f"missing source for {key}; cite a URL or document name")
         object.__setattr__(self, "sources", _freeze_strs(self.sources))
+        for key, day in self.dates.items():
+            if key not in SOURCE_KEYS:
+                raise CatalogError(f"dates.{key}", f"unknown source group; use {', '.join(SOURCE_KEYS)}")
+            if not isinstance(day, str) or not _DATE_RE.match(day):
+                raise CatalogError(f"dates.{key}", f"must be YYYY-MM or YYYY-MM-DD, got {day!r}")
+        object.__setattr__(self, "dates", _freeze_strs(self.dates))
         object.__setattr__(self, "notes", tuple(self.notes))
 
     def __hash__(self) -> int:
@@ -262,11 +331,18 @@ class Accelerator:
                 f"{self.name} has no {dtype} peak (supports {', '.join(supported)}){hint}",
             ) from None
 
+    @property
+    def capacity_bytes(self) -> float:
+        """The memory a training process can fill: the usable figure where the catalog gives one
+        (drivers and firmware reserve part of the nominal HBM), else the nominal memory."""
+        return self.memory_bytes if self.usable_memory_bytes is None else self.usable_memory_bytes
+
     def cheapest_offering(self) -> CloudOffering | None:
-        """The lowest listed $/device-hour, or ``None`` when no dated public price is known."""
-        if not self.cloud:
-            return None
-        return min(self.cloud, key=lambda o: o.usd_per_device_hour)
+        """The default offering (:func:`trainplan.hardware.prices.default_offering`), or ``None``
+        when no dated public price is known."""
+        from trainplan.hardware.prices import default_offering
+
+        return default_offering(self.cloud)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready dict in SI units."""
@@ -279,9 +355,14 @@ class Accelerator:
             "status": self.status,
             "aliases": list(self.aliases),
             "peak_flops": {k: float(v) for k, v in self.peak_flops.items()},
+            "sparse_peak_flops": {k: float(v) for k, v in self.sparse_peak_flops.items()},
             "memory_bytes": float(self.memory_bytes),
             "memory_bandwidth_bytes_per_s": float(self.memory_bandwidth_bytes_per_s),
             "memory_type": self.memory_type,
+            "usable_memory_bytes": None
+            if self.usable_memory_bytes is None
+            else float(self.usable_memory_bytes),
+            "capacity_bytes": float(self.capacity_bytes),
             "scale_up": self.scale_up.to_dict(),
             "scale_out": None if self.scale_out is None else self.scale_out.to_dict(),
             "host_link": None if self.host_link is None else self.host_link.to_dict(),
@@ -291,5 +372,6 @@ class Accelerator:
             "devices_per_node": self.devices_per_node,
             "host_memory_bytes_per_node": self.host_memory_bytes_per_node,
             "sources": dict(self.sources),
+            "dates": dict(self.dates),
             "notes": list(self.notes),
         }

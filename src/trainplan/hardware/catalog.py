@@ -44,9 +44,11 @@ _ACCELERATOR_KEYS: Final[dict[str, tuple[str, bool]]] = {
     "status": (_STR, True),
     "aliases": (_STRS, False),
     "peak_flops": (_TABLE, True),
+    "sparse_peak_flops": (_TABLE, False),
     "memory_bytes": (_NUM, True),
     "memory_bandwidth_bytes_per_s": (_NUM, True),
     "memory_type": (_STR, True),
+    "usable_memory_bytes": (_NUM, False),
     "scale_up": (_LINK, True),
     "scale_out": (_LINK, False),
     "host_link": (_LINK, False),
@@ -56,6 +58,7 @@ _ACCELERATOR_KEYS: Final[dict[str, tuple[str, bool]]] = {
     "devices_per_node": (_INT, True),
     "host_memory_bytes_per_node": (_NUM, False),
     "sources": (_TABLE, True),
+    "dates": (_TABLE, False),
     "notes": (_STRS, False),
 }
 _LINK_KEYS: Final[dict[str, tuple[str, bool]]] = {
@@ -72,6 +75,7 @@ _CLOUD_KEYS: Final[dict[str, tuple[str, bool]]] = {
     "date": (_STR, True),
     "source": (_STR, True),
     "devices_per_instance": (_INT, True),
+    "kind": (_STR, False),
 }
 
 
@@ -138,10 +142,18 @@ def parse_entry(entry: Mapping[str, object], where: str) -> Accelerator:
     assert isinstance(peaks, dict)
     for key, value in peaks.items():
         _check_type(f"peak_flops.{key}", value, _NUM, where)
+    sparse = entry.get("sparse_peak_flops", {})
+    assert isinstance(sparse, dict)
+    for key, value in sparse.items():
+        _check_type(f"sparse_peak_flops.{key}", value, _NUM, where)
     sources = entry["sources"]
     assert isinstance(sources, dict)
     for key, value in sources.items():
         _check_type(f"sources.{key}", value, _STR, where)
+    dates = entry.get("dates", {})
+    assert isinstance(dates, dict)
+    for key, value in dates.items():
+        _check_type(f"dates.{key}", value, _STR, where)
     for key in ("scale_up", "scale_out", "host_link"):
         if key in entry:
             table = entry[key]

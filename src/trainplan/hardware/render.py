@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainplan.hardware.accelerator import Accelerator, Link
+from trainplan.hardware.prices import DEFAULT_RULE, FALLBACK_KINDS
+from trainplan.hardware.systems import SystemSpec
 from trainplan.units import GB, TB, TFLOPS, GiB
 
 _DASH = "-"
@@ -18,6 +20,13 @@ def _tflops(acc: Accelerator, dtype: str) -> str:
 def _price(acc: Accelerator) -> str:
     offer = acc.cheapest_offering()
     return _DASH if offer is None else f"{offer.usd_per_device_hour:.2f}"
+
+
+def _memory_cell(acc: Accelerator) -> str:
+    """Usable GB, with the nominal figure after a slash where the two differ."""
+    if acc.usable_memory_bytes is None:
+        return f"{acc.memory_bytes / GB:,.0f}"
+    return f"{acc.usable_memory_bytes / GB:,.0f}/{acc.memory_bytes / GB:,.0f}"
 
 
 def render_table(accs: Sequence[Accelerator]) -> str:
@@ -46,7 +55,7 @@ def render_table(accs: Sequence[Accelerator]) -> str:
                 _tflops(acc, "bf16"),
                 _tflops(acc, "fp8"),
                 _tflops(acc, "fp4"),
-                f"{acc.memory_bytes / GB:,.0f}",
+                _memory_cell(acc),
                 f"{acc.memory_bandwidth_bytes_per_s / TB:.2f}",
                 f"{up.bandwidth_bytes_per_s / GB:,.0f} x {up.domain_size}",
                 _DASH if acc.tdp_w is None else f"{acc.tdp_w:,.0f}",
@@ -67,9 +76,10 @@ def render_table(accs: Sequence[Accelerator]) -> str:
     lines.extend(fmt(r) for r in rows[1:])
     lines.append("")
     lines.append(
-        "TFLOP/s are dense peaks (vendor sparse figures halved). GB = 1e9 bytes, TB/s = 1e12 bytes/s. "
-        "Scale-up is per chip, one direction. $/dev-h = cheapest dated on-demand price listed. "
-        "* = announced, not shipping."
+        "TFLOP/s are dense peaks (vendor sparse figures halved). GB = 1e9 bytes, TB/s = 1e12 bytes/s; "
+        "mem GB is usable/nominal where they differ. Scale-up is per chip, one direction. "
+        "$/dev-h = the default price (cheapest dated on-demand offering; `hardware show NAME` lists every "
+        "offering with its kind and date). * = announced, not shipping."
     )
     return "\n".join(lines)
 
@@ -85,6 +95,49 @@ def _link_lines(label: str, link: Link | None, *, scale_up: bool) -> list[str]:
     ]
 
 
+def _dated(acc: Accelerator, group: str) -> str:
+    day = acc.dates.get(group)
+    return "undated" if day is None else f"as of {day}"
+
+
+def render_systems(specs: Sequence[SystemSpec]) -> str:
+    """One row per rack or pod system: devices, scale-up domain, totals, scale-out network."""
+    header = ("name", "accelerator", "devices", "domain", "usable TB", "dense BF16 PF", "FP8 PF", "scale-out")
+    rows = [header]
+    for spec in specs:
+        t = spec.totals()
+        bf16 = t.get("peak_flops.bf16")
+        fp8 = t.get("peak_flops.fp8")
+        rows.append(
+            (
+                spec.name + ("*" if spec.status == "announced" else ""),
+                spec.accelerator.name,
+                f"{spec.devices:,}",
+                f"{spec.scale_up_domain:,}",
+                f"{t['capacity_bytes'] / TB:,.2f}",
+                _DASH if bf16 is None else f"{bf16 / 1e15:,.1f}",
+                _DASH if fp8 is None else f"{fp8 / 1e15:,.1f}",
+                spec.scale_out,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    numeric = {2, 3, 4, 5, 6}
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in numeric else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+
+    lines = [fmt(rows[0]), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows[1:]), ""]
+    lines.append(
+        "Totals are computed from the accelerator's per-chip entry (dense peaks, usable memory, TB = 1e12 bytes). "
+        "domain = devices on one scale-up fabric (NVLink, ICI, NeuronLink, UALink). * = announced, not shipping. "
+        "Plan on a system with --hardware ACCELERATOR and --devices up to its size."
+    )
+    return "\n".join(lines)
+
+
 def render_show(acc: Accelerator) -> str:
     """Every figure of one accelerator with its unit and source, then the notes."""
     src = acc.sources
@@ -98,17 +151,29 @@ def render_show(acc: Accelerator) -> str:
     for dtype in acc.supported_dtypes:
         value = acc.peak_flops[dtype]
         lines.append(f"  {dtype:<5} {value / TFLOPS:>10,.1f} TFLOP/s  ({value:.4g} FLOP/s)")
-    lines.append(f"  source: {src.get('peak_flops', _DASH)}")
+    lines.append(f"  source: {src.get('peak_flops', _DASH)} ({_dated(acc, 'peak_flops')})")
+    if acc.sparse_peak_flops:
+        lines.append("Vendor peaks with structured sparsity (FLOP/s; reference only, never used)")
+        for dtype, value in acc.sparse_peak_flops.items():
+            lines.append(f"  {dtype:<5} {value / TFLOPS:>10,.1f} TFLOP/s")
     lines.append("Memory")
     lines.append(
         f"  capacity  {acc.memory_bytes / GB:,.2f} GB = {acc.memory_bytes / GiB:,.2f} GiB "
         f"({acc.memory_bytes:.12g} bytes), {acc.memory_type}"
+        + ("" if acc.usable_memory_bytes is None else " (nominal)")
     )
+    if acc.usable_memory_bytes is not None:
+        usable = acc.usable_memory_bytes
+        lines.append(
+            f"  usable    {usable / GB:,.2f} GB = {usable / GiB:,.2f} GiB ({usable:.12g} bytes): "
+            "the fit check uses this"
+        )
+        lines.append(f"  source: {src.get('usable_memory', _DASH)} ({_dated(acc, 'usable_memory')})")
     lines.append(
         f"  bandwidth {acc.memory_bandwidth_bytes_per_s / TB:,.3f} TB/s ({acc.memory_bandwidth_bytes_per_s:.4g} B/s)"
     )
-    lines.append(f"  source: {src.get('memory', _DASH)}")
-    lines.append("Network (per chip)")
+    lines.append(f"  source: {src.get('memory', _DASH)} ({_dated(acc, 'memory')})")
+    lines.append(f"Network (per chip; {_dated(acc, 'links')})")
     lines.extend(_link_lines("scale-up", acc.scale_up, scale_up=True))
     lines.extend(_link_lines("scale-out", acc.scale_out, scale_up=False))
     lines.extend(_link_lines("host link", acc.host_link, scale_up=False))
@@ -123,19 +188,23 @@ def render_show(acc: Accelerator) -> str:
         lines.append(f"  source: {acc.sources['host_memory']}")
     lines.append("Power")
     lines.append(f"  TDP {_DASH if acc.tdp_w is None else f'{acc.tdp_w:,.0f} W'}")
-    lines.append(f"  source: {src.get('power', _DASH)}")
+    lines.append(f"  source: {src.get('power', _DASH)} ({_dated(acc, 'power')})")
     lines.append("Price")
     purchase = _DASH if acc.purchase_usd is None else f"${acc.purchase_usd:,.0f} per device (estimate)"
     lines.append(f"  purchase {purchase}")
-    lines.append(f"  source: {src.get('price', _DASH)}")
+    lines.append(f"  source: {src.get('price', _DASH)} ({_dated(acc, 'price')})")
     if not acc.cloud:
-        lines.append("  cloud: no dated public on-demand price listed")
-    for offer in acc.cloud:
+        lines.append("  cloud: no dated public price listed")
+    default = acc.cheapest_offering()
+    for offer in sorted(acc.cloud, key=lambda o: (FALLBACK_KINDS.index(o.kind), o.usd_per_device_hour)):
+        mark = "  <- default" if offer == default else ""
         lines.append(
-            f"  cloud: {offer.provider} {offer.instance} ${offer.usd_per_device_hour:.3f}/device-hour "
-            f"({offer.devices_per_instance} per instance, {offer.date})"
+            f"  cloud: {offer.provider} {offer.kind} {offer.instance} ${offer.usd_per_device_hour:.3f}/device-hour "
+            f"({offer.devices_per_instance} per instance, {offer.date}){mark}"
         )
         lines.append(f"         source: {offer.source}")
+    if acc.cloud:
+        lines.append(f"  {DEFAULT_RULE}")
     if acc.notes:
         lines.append("Notes")
         lines.extend(f"  - {note}" for note in acc.notes)

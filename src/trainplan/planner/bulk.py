@@ -754,7 +754,7 @@ class BulkEvaluator:
         self._dense = float(counts.total - counts.moe_experts)
         self._build_core_tables()
         accs = accelerators
-        self._acc_capacity = np.array([ac.memory_bytes for ac in accs], dtype=np.float64)
+        self._acc_capacity = np.array([ac.capacity_bytes for ac in accs], dtype=np.float64)
         # CPU memory per server for offloaded states (memory.host_fits); unknown: unchecked (inf)
         self._acc_host_capacity = np.array(
             [host_memory_bytes_per_node or ac.host_memory_bytes_per_node or np.inf for ac in accs],

@@ -21,6 +21,7 @@ from trainplan.inputs import (
     engine_settings,
     fill_defaults,
     host_memory_bytes,
+    price_query,
 )
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.search import (
@@ -158,6 +159,7 @@ def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Acc
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
         memory_margin=values["memory_margin"],
+        price_query=price_query(values),
     )
     return _with_engine(result, values)
 
@@ -183,6 +185,7 @@ def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
         memory_margin=values["memory_margin"],
+        price_query=price_query(values),
     )
     return _with_engine(result, values)
 
@@ -223,7 +226,7 @@ class Comparison:
 # --- human output -----------------------------------------------------------------------------
 _HEADER = (
     f"{'#':>2} {'hardware':16s} {'layout':34s} {'recipe':24s} {'mem/dev':>9s} {'step':>9s} "
-    f"{'step band':>17s} {'tok/s':>10s} {'MFU':>5s} {'time':>10s} {'cost':>10s} {'kWh':>8s}"
+    f"{'step band':>17s} {'tok/s':>10s} {'MFU':>5s} {'time':>10s} {'cost':>10s} {'kWh':>8s}  price (provider kind, date)"
 )
 
 
@@ -250,6 +253,7 @@ def _row(p: Plan, tag: str = "") -> str:
         f"{rank:>2} {p.label:16s} {e.layout.describe():34s} {recipe:24s} "
         f"{fmt_bytes(e.memory.per_device_bytes):>9s} {fmt_duration(e.time.step_s):>9s} {band_cell(p):>17s} "
         f"{e.throughput.tokens_per_s:>10,.0f} {100 * e.throughput.mfu:>4.1f}% {time_s:>10s} {cost:>10s} {kwh:>8s}"
+        f"  {run.price_label}"
     )
 
 

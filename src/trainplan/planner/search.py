@@ -32,7 +32,16 @@ import numpy.typing as npt
 from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
-from trainplan.hardware.accelerator import Accelerator
+from trainplan.hardware.accelerator import Accelerator, CloudOffering
+from trainplan.hardware.prices import (
+    DEFAULT_RULE,
+    OPEN,
+    PriceError,
+    PriceQuery,
+    check_provider,
+    refusal,
+    select_offering,
+)
 from trainplan.hardware.system import System
 from trainplan.inputs import DEFAULT_MAX_DEVICES, OBJECTIVES
 from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions, nearest_micro_batches
@@ -149,8 +158,12 @@ class Plan:
         d["rank"] = self.rank
         d["label"] = self.label
         d["explanation"] = self.explanation.to_dict()
-        d["priced"] = self.estimate.run.cost_usd is not None
+        run = self.estimate.run
+        d["priced"] = run.cost_usd is not None
         d["tie_within_error"] = self.tie_within_error
+        d["offering"] = None if run.offering is None else run.offering.to_dict()
+        d["usd_per_device_hour"] = run.usd_per_device_hour
+        d["price_date"] = None if run.offering is None else run.offering.date
         return d
 
 
@@ -511,14 +524,82 @@ def enumerate_candidates(
 
 
 # --- the planner ------------------------------------------------------------------------------
-def _price(acc: Accelerator, provider: str | None, prices: Mapping[str, float]) -> float | None:
+@dataclass(frozen=True, kw_only=True)
+class _Price:
+    """One accelerator's price in a search: a user price, a catalog offering, or none (why)."""
+
+    usd_per_device_hour: float | None
+    offering: CloudOffering | None
+    missing: str | None = None
+
+
+def _price(acc: Accelerator, query: PriceQuery, prices: Mapping[str, float]) -> _Price:
+    """``prices`` (``--price``, ``--device-price``) first, else the catalog offering ``query``
+    picks (:func:`~trainplan.hardware.prices.select_offering`); a filter that leaves this
+    accelerator nothing makes it unpriced, with the refusal's text as the reason."""
     if acc.name in prices:
-        return prices[acc.name]
-    if provider is not None:
-        offers = [o for o in acc.cloud if o.provider.lower() == provider.lower()]
-        return min(o.usd_per_device_hour for o in offers) if offers else None
-    cheapest = acc.cheapest_offering()
-    return None if cheapest is None else cheapest.usd_per_device_hour
+        return _Price(usd_per_device_hour=prices[acc.name], offering=None)
+    try:
+        offer = select_offering(acc.name, acc.cloud, query)
+    except PriceError as err:
+        return _Price(usd_per_device_hour=None, offering=None, missing=err.message)
+    if offer is None:
+        return _Price(
+            usd_per_device_hour=None, offering=None, missing=f"the catalog has no dated price for {acc.name}"
+        )
+    return _Price(usd_per_device_hour=offer.usd_per_device_hour, offering=offer)
+
+
+def _price_notes(accs: Sequence[Accelerator], priced: Sequence[_Price], query: PriceQuery) -> list[str]:
+    """The rule that priced the plan and, when providers differ, which priced what."""
+    offers = [(a, p.offering) for a, p in zip(accs, priced, strict=True) if p.offering is not None]
+    if not offers:
+        return []
+    notes = [DEFAULT_RULE if query.is_open else f"prices: {_describe_query(query)}"]
+    providers = {o.provider for _, o in offers}
+    if len(providers) > 1:
+        notes.append(
+            "prices come from different providers: "
+            + ", ".join(f"{a.name} {o.provider} {o.kind} ({o.date})" for a, o in offers)
+            + "; hold one provider with --provider"
+        )
+    return notes
+
+
+def _unpriced_note(accs: Sequence[Accelerator], prices: Sequence[float | None], query: PriceQuery) -> str:
+    """Which accelerators have no price: none in the catalog, or none the filters keep."""
+    none = [a.name for a, p in zip(accs, prices, strict=True) if p is None and not a.cloud]
+    filtered = [a.name for a, p in zip(accs, prices, strict=True) if p is None and a.cloud]
+    parts = []
+    if none:
+        parts.append(", ".join(none) + " (no dated price in the catalog)")
+    if filtered:
+        parts.append(", ".join(filtered) + f" (none with {_describe_filters(query)})")
+    return (
+        "no price for " + "; ".join(parts) + ": planned for time; cost shown as 'no price' "
+        "(give --device-price NAME=USD; `trainplan hardware show NAME` lists each offering)"
+    )
+
+
+def _describe_filters(query: PriceQuery) -> str:
+    parts = []
+    if query.provider is not None:
+        parts.append(f"provider {query.provider}")
+    if query.kind is not None:
+        parts.append(f"kind {query.kind}")
+    if query.max_age_days is not None:
+        parts.append(f"a date at most {query.max_age_days} days old")
+    return ", ".join(parts)
+
+
+def _describe_query(query: PriceQuery) -> str:
+    parts = []
+    if query.provider is not None:
+        parts.append(f"provider {query.provider}")
+    parts.append(f"kind {query.kind}" if query.kind is not None else "on-demand first")
+    if query.max_age_days is not None:
+        parts.append(f"at most {query.max_age_days} days old")
+    return ", ".join(parts) + ", the cheapest such offering of each accelerator"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -530,12 +611,12 @@ class _Context:
     prices: list[float | None]
     provider: str | None
     pue: float
+    offerings: tuple[CloudOffering | None, ...] = ()
     cand: Candidates
     res: BulkResult
     options: LayoutOptions = DEFAULT_LAYOUT_OPTIONS
     host_memory: float | None = None
     reliability: Reliability | None = DEFAULT_RELIABILITY
-    user_prices: frozenset[str] = frozenset()  # accelerators priced by the user (--device-price)
     memory_margin: float = 0.0
 
 
@@ -546,14 +627,19 @@ def _scalar(ctx: _Context, i: int) -> Estimate:
     recipe = core.recipe(ctx.base)
     per_step = dp * core.micro_batch
     gb = int(nearest_micro_batches(int(ctx.base.global_batch or 0), per_step)) * per_step
+    offering = ctx.offerings[a] if ctx.offerings else None
     return estimate(
-        System(accelerator=ctx.accs[a], num_devices=n, host_memory_bytes_per_node=ctx.host_memory),
+        System(
+            accelerator=ctx.accs[a],
+            num_devices=n,
+            host_memory_bytes_per_node=ctx.host_memory,
+            offering=offering,
+        ),
         ctx.model,
         recipe if gb == recipe.global_batch else replace(recipe, global_batch=gb),
         core.layout(dp, zero, ctx.options),
-        # the user's price, else the catalog offering _price chose (the estimate names its source)
-        price_usd_per_device_hour=ctx.prices[a] if ctx.accs[a].name in ctx.user_prices else None,
-        provider=ctx.provider if ctx.prices[a] is not None else None,
+        price_usd_per_device_hour=None if offering is not None else ctx.prices[a],
+        provider=None,
         pue=ctx.pue,
         reliability=ctx.reliability,
         memory_margin=ctx.memory_margin,
@@ -848,12 +934,15 @@ def plan(
     host_memory_bytes_per_node: float | None = None,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
     memory_margin: float = 0.0,
+    price_query: PriceQuery = OPEN,
 ) -> PlanResult:
     """Search accelerators × device counts × layouts for ``model`` trained with ``recipe``.
 
     ``recipe`` carries the fixed choices (method, optimizer, sequence length, tokens, ...); the
     fields listed in ``space`` (micro-batch, recompute, offload, precision) are searched over the
-    values given there. ``prices`` overrides the catalog price per accelerator name ($/device-hour).
+    values given there. ``prices`` overrides the catalog price per accelerator name ($/device-hour);
+    the others are priced by ``price_query`` and ``provider`` (:mod:`trainplan.hardware.prices`).
+    With ``objective="cost"`` the ranked plans are the cheapest plan of each accelerator.
     ``host_memory_bytes_per_node`` overrides the catalog's server CPU memory, against which
     offloaded states are checked (``memory.host_fits``). ``memory_margin``: the fraction of device
     memory every plan leaves free (``memory.usable_bytes``, as estimate's ``fits``).
@@ -885,8 +974,16 @@ def plan(
             f"per step, the default for {base.method}; fix it with --global-batch"
         )
     accs = sorted(accelerators, key=lambda a: a.name)
-    acc_prices = [_price(a, provider, prices) for a in accs]
+    if provider is not None:
+        price_query = replace(price_query, provider=provider)
+    check_provider(price_query.provider, [a.cloud for a in accs if a.name not in prices])
+    acc_price_info = [_price(a, price_query, prices) for a in accs]
+    if not price_query.is_open and all(p.usd_per_device_hour is None for p in acc_price_info):
+        first = accs[0]
+        raise refusal(first.name, first.cloud, price_query)
+    acc_prices = [p.usd_per_device_hour for p in acc_price_info]
     unpriced = tuple(a.name for a, p in zip(accs, acc_prices, strict=True) if p is None)
+    notes += _price_notes(accs, acc_price_info, price_query)
     max_domain = max(a.scale_up.domain_size for a in accs)
     cores, invalid_cores = enumerate_cores(model, base, space, max_domain)
     pruned: dict[str, int] = {}
@@ -926,12 +1023,12 @@ def plan(
         prices=acc_prices,
         provider=provider,
         pue=pue,
+        offerings=tuple(p.offering for p in acc_price_info),
         cand=cand,
         res=res,
         options=space.layout_options,
         host_memory=host_memory_bytes_per_node,
         reliability=reliability,
-        user_prices=frozenset(prices),
         memory_margin=memory_margin,
     )
     k_dom = "dominated: offload where the same layout fits with less offload (never faster)"
@@ -1024,7 +1121,8 @@ def plan(
         if ranked_all:
             closest_i = min(ranked_all, key=lambda i: (violation(i), ranked_all.index(i)))
     chosen = ok if met else []
-    top_ids = chosen[:top]
+    rows = _one_per_accelerator(chosen, fig.acc) if objective == "cost" else chosen
+    top_ids = rows[:top]
     plans = mark_ties([pl.plan(i, r + 1, ranked_all) for r, i in enumerate(top_ids)], objective)
     pool = chosen if met else []
     fastest = cheapest = None
@@ -1084,9 +1182,11 @@ def plan(
         per_acc = [b if b.plan is None else replace(b, plan=by_rank[b.plan.rank]) for b in per_acc]
         ranking = ranking_statements(best, objective)
     if unpriced:
+        notes.append(_unpriced_note(accs, acc_prices, price_query))
+    if objective == "cost":
         notes.append(
-            "no price for " + ", ".join(unpriced) + ": planned for time; cost shown as 'no price' "
-            "(give --device-price NAME=USD)"
+            "objective cost: one row per accelerator, its cheapest plan, ranked by cost "
+            "(the time–cost Pareto front lists the alternatives)"
         )
     notes.extend(_rounded_batch_notes(int(base.global_batch or 0), [*plans, *([closest] if closest else [])]))
     stats = SearchStats(
@@ -1122,6 +1222,18 @@ def plan(
     )
 
 
+def _one_per_accelerator(ranked: Sequence[int], acc_of: Mapping[int, int]) -> list[int]:
+    """The first (best-ranked) candidate of each accelerator, in rank order."""
+    seen: set[int] = set()
+    out: list[int] = []
+    for i in ranked:
+        a = int(acc_of[i])
+        if a not in seen:
+            seen.add(a)
+            out.append(i)
+    return out
+
+
 def compare(
     model: ModelSpec,
     recipe: Recipe,
@@ -1135,6 +1247,7 @@ def compare(
     host_memory_bytes_per_node: float | None = None,
     reliability: Reliability | None = DEFAULT_RELIABILITY,
     memory_margin: float = 0.0,
+    price_query: PriceQuery = OPEN,
 ) -> PlanResult:
     """The same job on each accelerator at its best layout and device count (``per_accelerator``)."""
     return plan(
@@ -1151,4 +1264,5 @@ def compare(
         host_memory_bytes_per_node=host_memory_bytes_per_node,
         reliability=reliability,
         memory_margin=memory_margin,
+        price_query=price_query,
     )

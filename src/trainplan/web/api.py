@@ -209,6 +209,7 @@ class EstimateInputs:
     rlhf: Any = None
     engine: Any = None  # trainplan.engines.Applied: what the engine set
     memory_margin: float = 0.0  # fraction of device memory a fitting plan leaves free
+    price_query: Any = None
 
 
 def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
@@ -238,6 +239,7 @@ def estimate_inputs(body: object, *, accelerator: Any = None) -> EstimateInputs:
         rlhf=rlhf_spec(values, model, recipe),
         engine=inputs.engine_settings(values),
         memory_margin=values["memory_margin"],
+        price_query=inputs.price_query(values),
     )
 
 
@@ -252,11 +254,11 @@ def _run_estimate(inp: EstimateInputs) -> Any:
         inp.recipe,
         inp.layout,
         price_usd_per_device_hour=inp.price,
-        provider=inp.provider,
         pue=inp.pue,
         reliability=inp.reliability,
         rlhf=inp.rlhf,
         memory_margin=inp.memory_margin,
+        price_query=inp.price_query if inp.price_query is not None else inputs.price_query({}),
     )
     return replace(est, engine=inp.engine)
 

@@ -43,6 +43,14 @@
   const gb = (b) => `${(b / GB).toFixed(2)} GB`;
   const pct = (x) => `${(100 * x).toFixed(1)}%`;
   const int = (x) => Math.round(x).toLocaleString("en-US");
+  // The price a row is costed at and where it comes from: provider, kind and date of the offering.
+  function priceLabel(run) {
+    if (run.usd_per_device_hour === null || run.usd_per_device_hour === undefined) return "no price";
+    const o = run.offering;
+    const usdh = `$${run.usd_per_device_hour.toFixed(2)}/device-hour`;
+    return o ? `${usdh} ${o.provider} ${o.kind} (${o.date})` : `${usdh} user price`;
+  }
+
   function duration(s) {
     if (s < 1) return `${(s * 1e3).toFixed(1)} ms`;
     if (s < 120) return `${s.toFixed(2)} s`;
@@ -271,7 +279,7 @@
     }
     if (run.cost_usd !== null && run.cost_usd !== undefined) {
       $("cost").textContent = usd(run.cost_usd);
-      $("price").textContent = `$${run.usd_per_device_hour.toFixed(2)}/device-hour`;
+      $("price").textContent = priceLabel(run);
     } else {
       $("cost").textContent = "–";
       $("price").textContent = run.time_s == null ? "give tokens to train" : "no price known: set one";
@@ -457,7 +465,7 @@
     const table = $("plan-table");
     table.replaceChildren();
     const head = table.createTHead().insertRow();
-    for (const h of ["#", "system", "layout", "micro-batch · recompute · offload", "memory", "step", "tokens/s", "MFU", haveRun ? "time" : "", haveRun ? "cost" : "", "step-time band", ""]) {
+    for (const h of ["#", "system", "layout", "micro-batch · recompute · offload", "memory", "step", "tokens/s", "MFU", haveRun ? "time" : "", haveRun ? "cost" : "", "step-time band", "price (provider kind, date)", ""]) {
       const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
     }
     const body = table.createTBody();
@@ -466,7 +474,8 @@
       const cells = [p.rank, p.label, layoutText(p.layout), `${p.recipe.micro_batch} · ${p.recipe.recompute} · ${p.recipe.offload}`,
         gb(p.memory.per_device_bytes), duration(p.time.step_s), int(p.throughput.tokens_per_s), pct(p.throughput.mfu),
         haveRun ? duration(p.run.time_s) : "", haveRun ? (p.run.cost_usd === null ? "no price" : usd(p.run.cost_usd)) : "",
-        bandText(p.calibration, false) + (p.tie_within_error ? " · tie within error with the row above" : "")];
+        bandText(p.calibration, false) + (p.tie_within_error ? " · tie within error with the row above" : ""),
+        priceLabel(p.run)];
       for (const c of cells) row.insertCell().textContent = String(c);
       row.insertCell().appendChild(loadButton(p));
     }
