@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -165,6 +164,8 @@ def classify(acc: Accelerator, recipe: Recipe, layout: Layout, *, stack: str | N
 
 def t_quantile(p: float, df: int) -> float:
     """Student-t quantile by the Cornish-Fisher expansion (Abramowitz & Stegun 26.7.5), df ≥ 1."""
+    import statistics  # only where bands are derived or quantiles computed
+
     z = statistics.NormalDist().inv_cdf(p)
     n = float(df)
     g1 = (z**3 + z) / 4.0
@@ -187,6 +188,8 @@ def conformal_interval(residuals: Sequence[float], alpha: float = ALPHA) -> tupl
 
 def normal_interval(residuals: Sequence[float], alpha: float = ALPHA) -> tuple[float, float]:
     """Normal prediction interval of one new residual: m ∓ t·s·√(1+1/n) (module docstring)."""
+    import statistics  # only where bands are derived or quantiles computed
+
     n = len(residuals)
     m = statistics.fmean(residuals)
     s = statistics.stdev(residuals)
@@ -196,6 +199,8 @@ def normal_interval(residuals: Sequence[float], alpha: float = ALPHA) -> tuple[f
 
 def dataset_shift(residuals: Sequence[float], datasets: Sequence[str]) -> float:
     """Standard deviation of the per-dataset mean residuals (0 with one dataset)."""
+    import statistics  # only where bands are derived or quantiles computed
+
     groups: dict[str, list[float]] = {}
     for r, d in zip(residuals, datasets, strict=True):
         groups.setdefault(d, []).append(r)
