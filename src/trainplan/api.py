@@ -119,6 +119,7 @@ def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> R
     """The :class:`~trainplan.rlhf.RLHFSpec` the RLHF fields describe (``None`` for other methods,
     where any RLHF field given is an error naming it)."""
     from trainplan.rlhf import RLHFSpec, is_rlhf, seq_lengths
+    from trainplan.rlhf_groups import parse_groups
 
     given = [f.name for f in inputs.RLHF_FIELDS if values.get(f.name) not in (None, False)]
     method = recipe.method
@@ -163,6 +164,7 @@ def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> R
         gen_len=gen,
         rollout_engine=values.get("rollout_engine") or "vllm",
         placement=values.get("placement") or "colocated",
+        groups=parse_groups(values["groups"]) if values.get("groups") else (),
         **optional,
     )
 

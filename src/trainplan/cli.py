@@ -50,7 +50,12 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         f"recompute {est.recipe.recompute}"
         f"{' (early stop)' if est.recipe.recompute in ('full', 'sac') and est.recipe.recompute_early_stop else ''}, "
         f"attention {est.recipe.attention}, offload {est.recipe.offload}",
-        f"layout: {est.layout.describe()}",
+        f"layout: {est.layout.describe()}"
+        + (
+            "; groups: " + ", ".join(f"{g.label} {g.devices} ({g.layout})" for g in est.rlhf.groups)
+            if est.rlhf is not None and est.rlhf.groups
+            else ""
+        ),
         *([f"engine: {est.engine.describe()}"] if est.engine is not None else []),
         "",
         f"memory per device (pipeline stage {mem.stage}, peak in the {mem.peak_phase} phase), {unit} "
@@ -182,13 +187,17 @@ def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
     rl = est.rlhf
     assert rl is not None
     unit = "GiB" if binary else "GB"
+    per = "per device group, each at its fullest phase" if rl.groups else "per phase"
     lines = [
-        f"{rl.spec.method} memory per device, per phase ({rl.placement}; the table above is the "
+        f"{rl.spec.method} memory per device, {per} ({rl.placement}; the table above is the "
         f"actor's training step alone), {unit}:"
     ]
+    groups = {f"{g.label} group": g for g in rl.groups}
     for phase, terms in rl.phases.items():
         mark = "  <- peak" if phase == rl.peak_phase else ""
-        lines.append(f"  {phase} phase: {_fmt_size(rl.phase_bytes(phase), binary).strip()}{mark}")
+        g = groups.get(phase)
+        title = f"{phase} phase" if g is None else f"{phase} ({g.devices} devices, {g.layout}; {g.phase} phase)"
+        lines.append(f"  {title}: {_fmt_size(rl.phase_bytes(phase), binary).strip()}{mark}")
         for name, value in terms:
             if value:
                 lines.append(f"    {name:46s}{_fmt_size(value, binary)}")
@@ -197,6 +206,10 @@ def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
     )
     if rl.host_bytes:
         lines.append(f"  {'host memory (offloaded)':48s}{_fmt_size(rl.host_bytes, binary)}")
+        if rl.groups:
+            lines.append(
+                f"  {'host memory of the fullest server':48s}{_fmt_size(rl.host_bytes_per_node, binary)}"
+            )
     ro = rl.rollout
     if ro is not None:
         lines.append(

@@ -639,7 +639,16 @@ RLHF_FIELDS: Final = (
         group="rlhf",
         choices=RLHF_PLACEMENTS,
         help="colocated (every model resident on all devices, default), offload-between-phases "
-        "(each phase loads its own models: vLLM/DeepSpeed sleep), disaggregated (refused: not modelled)",
+        "(each phase loads its own models: vLLM/DeepSpeed sleep), disaggregated (a device group per "
+        "model and for the rollout engine, --groups: OpenRLHF Ray, NeMo RL, verl)",
+    ),
+    Field(
+        name="groups",
+        group="rlhf",
+        metavar="ROLE=N,...",
+        help="disaggregated device groups, e.g. actor=4,critic=4,ref=2,reward=2,rollout=4; '+' shares a "
+        "group (actor+ref=4), :tpN/:ppN/:zeroN give a group its own layout; no rollout group: the actor's "
+        "group generates (--rollout-engine trainer)",
     ),
 )
 """The RLHF settings of ``estimate`` (:func:`trainplan.api.rlhf_spec` builds them)."""

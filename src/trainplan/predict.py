@@ -35,6 +35,7 @@ from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Recipe
+from trainplan.rlhf_groups import actor_placement
 from trainplan.rlhf import (
     RLHFEstimate,
     RLHFSpec,
@@ -279,9 +280,18 @@ def estimate(
             "reference, rollout), so it would be ignored there; plan RL jobs with --memory-margin 0",
         )
     policy_recipe = recipe
+    # The actor trains on the whole system, or on its own group when disaggregated.
+    train_system, train_layout = system, layout
+    if spec is not None and spec.placement == "disaggregated":
+        if recipe.global_batch is None:
+            raise RecipeError(
+                "global_batch",
+                "disaggregated placement needs --global-batch (prompts per step): no device count sets it",
+            )
+        train_system, train_layout = actor_placement(system, layout, spec.groups, model)
     if spec is not None:
-        recipe = update_recipe(recipe, spec, layout)
-    nmb = layout.check_batch(
+        recipe = update_recipe(recipe, spec, train_layout)
+    nmb = train_layout.check_batch(
         seq_len=recipe.seq_len, micro_batch=recipe.micro_batch, global_batch=recipe.global_batch
     )
     counts = count_params(model)
@@ -294,14 +304,14 @@ def estimate(
     mem = memory_breakdown(
         model,
         recipe,
-        layout,
+        train_layout,
         capacity_bytes=system.accelerator.capacity_bytes,
         num_microbatches=nmb,
         host_capacity_bytes_per_node=system.host_memory_bytes_per_node,
-        devices_on_node=system.devices_on_a_node,
+        devices_on_node=train_system.devices_on_a_node,
         memory_margin=memory_margin,
     )
-    time = step_time(system, model, recipe, layout, memory=mem)
+    time = step_time(train_system, model, recipe, train_layout, memory=mem)
     rl: RLHFEstimate | None = None
     if spec is not None:
         rl = estimate_rlhf(
@@ -315,7 +325,7 @@ def estimate(
             num_microbatches=nmb,
         )
         t = rl.time_terms
-        n = updates_per_step(policy_recipe, spec, layout)
+        n = updates_per_step(policy_recipe, spec, train_layout)
         scaled = {k.key: n * getattr(time, k.key) for k in TIME_TERMS if k.key not in RLHF_TERM_KEYS}
         time = dataclasses.replace(
             time,

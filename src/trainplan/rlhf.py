@@ -54,6 +54,7 @@ from trainplan.memory import (
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
+from trainplan.rlhf_groups import DeviceGroup, check_groups, group_layout, group_of, group_system
 from trainplan.recipe import (
     RLHF_ACTORS,
     RLHF_ENGINES,
@@ -133,17 +134,32 @@ class RLHFSpec:
     """Sequences (PPO, GRPO) or pairs (DPO, RM) per optimizer update; the step's batch is cut into
     ``global_batch × group_size / train_batch`` updates (OpenRLHF ``--train_batch_size``, TRL
     ``num_mini_batches``, torchtune ``ppo_batch_size``). ``None``: one update per step."""
+    groups: tuple[DeviceGroup, ...] = ()
+    """``placement="disaggregated"``: the device group of each model and of the rollout engine
+    (:mod:`trainplan.rlhf_groups`)."""
 
     def __post_init__(self) -> None:
         m = self.method
         if m not in RLHF_METHODS:
             raise RecipeError("method", f"{m!r} is not an RLHF method ({', '.join(RLHF_METHODS)})")
         if self.placement == "disaggregated":
-            raise RecipeError(
-                "placement",
-                "disaggregated placement (own device groups per model, OpenRLHF Ray / NeMo RL) is not "
-                "modelled; use colocated or offload-between-phases on the same devices",
+            if m not in ROLLOUT_METHODS:
+                raise RecipeError(
+                    "placement",
+                    f"disaggregated placement is the schedule of RL with a rollout (OpenRLHF Ray, NeMo RL, verl); "
+                    f"{m} runs its models on one device set: use colocated or offload-between-phases",
+                )
+            if not self.groups:
+                raise RecipeError(
+                    "groups",
+                    "disaggregated placement needs its device groups, e.g. "
+                    "--groups actor=4,critic=4,ref=2,reward=2,rollout=4",
+                )
+            check_groups(
+                self.groups, method=m, roles_needed=self.group_roles, rollout_engine=self.rollout_engine
             )
+        elif self.groups:
+            raise RecipeError("groups", "device groups are for --placement disaggregated; add it or drop --groups")
         if self.actor != "full" and self.lora is None:
             object.__setattr__(self, "lora", LoRASpec())
         if self.actor == "full" and self.lora is not None:
@@ -212,6 +228,19 @@ class RLHFSpec:
             raise RecipeError("gen_len", "prompt and generation lengths must be positive")
 
 
+    @property
+    def group_roles(self) -> tuple[str, ...]:
+        """The models that need a device group when disaggregated (``rollout`` is optional)."""
+        roles = ["actor"]
+        if self.method == "ppo":
+            roles.append("critic")
+        if self.reference == "model":
+            roles.append("ref")
+        if self.reward_model is not None:
+            roles.append("reward")
+        return tuple(roles)
+
+
 def seq_lengths(method: str, seq_len: int, prompt_len: int | None, gen_len: int | None) -> tuple[int, int]:
     """(prompt, generation) tokens of a rollout sequence of ``seq_len`` = prompt + response.
 
@@ -278,9 +307,17 @@ def updates_per_step(recipe: Recipe, spec: RLHFSpec, layout: Layout) -> int:
 
 def frozen_recipe(recipe: Recipe) -> Recipe:
     """A frozen model's forward recipe: full-model weights in the recipe's dtype, no adapters,
-    nothing offloaded, no optimizer."""
+    nothing offloaded, no optimizer and no FP32 master copy (a frozen model is loaded in the
+    weight dtype: DeepSpeed eval engines and TRL's reference ``create_reference_model`` hold bf16
+    weights; under ZeRO-3 / FSDP the sharded parameter is then 16-bit, not the FP32 master)."""
     return dataclasses.replace(
-        recipe, method="full", lora=None, offload="none", paged_optimizer=False, optimizer_in_backward=False
+        recipe,
+        method="full",
+        lora=None,
+        offload="none",
+        paged_optimizer=False,
+        optimizer_in_backward=False,
+        master_weights=False,
     )
 
 
@@ -491,6 +528,9 @@ class RLHFEstimate:
     tokens_per_step: float
     model_flops_per_step: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    groups: tuple[GroupMemory, ...] = ()
+    """Disaggregated placement: each device group's memory (then ``phases`` holds one entry per
+    group, its fullest phase's terms, and the peak is the fullest group)."""
 
     def phase_bytes(self, phase: str) -> float:
         return sum(v for _, v in self.phases[phase])
@@ -515,6 +555,8 @@ class RLHFEstimate:
             return True
         if self.host_capacity_bytes_per_node is None:
             return None
+        if self.groups:
+            return self.host_bytes_per_node <= self.host_capacity_bytes_per_node
         return bool(host_fits(self.host_bytes, self.devices_on_node, self.host_capacity_bytes_per_node))
 
     @property
@@ -525,6 +567,13 @@ class RLHFEstimate:
 
     @property
     def host_bytes_per_node(self) -> float:
+        """Host memory of the fullest server; disaggregated, the groups take consecutive ranks in
+        the order given (``--groups``) and each device's offloaded states wait on its own server
+        (``memory.host_bytes_per_node``, summed over the ranks of each server)."""
+        if self.groups:
+            ranks = [g.host_bytes for g in self.groups for _ in range(g.devices)]
+            n = self.devices_on_node
+            return max(sum(ranks[i : i + n]) for i in range(0, len(ranks), n))
         return float(host_bytes_per_node(self.host_bytes, self.devices_on_node))
 
     @property
@@ -543,14 +592,23 @@ class RLHFEstimate:
         if self.per_device_bytes > self.capacity_bytes:
             top = sorted(self.phases[self.peak_phase], key=lambda kv: kv[1], reverse=True)[:3]
             named = ", ".join(f"{n} {fmt_bytes(v)}" for n, v in top if v > 0)
+            where = f"in the {self.peak_phase} phase ({self.placement})"
+            if self.groups:
+                g = next(g for g in self.groups if f"{g.label} group" == self.peak_phase)
+                where = f"on the {g.label} group ({g.devices} devices, {g.phase} phase)"
             out.append(
                 f"needs {fmt_bytes(self.per_device_bytes)} per device > {fmt_bytes(self.capacity_bytes)} "
-                f"in the {self.peak_phase} phase ({self.placement}); largest terms: {named}"
+                f"{where}; largest terms: {named}"
             )
         if self.host_fits is False:
             out.append(
-                f"keeps {fmt_bytes(self.host_bytes_per_node)} per server in host memory ({self.devices_on_node} device(s) × "
-                f"{fmt_bytes(self.host_bytes)}) > {fmt_bytes(float(self.host_capacity_bytes_per_node or 0))}; "
+                f"keeps {fmt_bytes(self.host_bytes_per_node)} per server in host memory "
+                + (
+                    "(the fullest server, groups on consecutive ranks) "
+                    if self.groups
+                    else f"({self.devices_on_node} device(s) × {fmt_bytes(self.host_bytes)}) "
+                )
+                + f"> {fmt_bytes(float(self.host_capacity_bytes_per_node or 0))}; "
                 "keep models resident (--placement colocated), offload less, or give the server's --host-memory"
             )
         return out
@@ -618,7 +676,243 @@ class RLHFEstimate:
                 "fits_one_sequence": r.fits_one_sequence,
             },
             "notes": list(self.notes),
+            "groups": [
+                {
+                    "group": g.label,
+                    "devices": g.devices,
+                    "layout": g.layout,
+                    "peak_phase": g.phase,
+                    "per_device_bytes": sum(v for _, v in g.terms) * (1.0 + FRAGMENTATION_FRACTION)
+                    + CUDA_CONTEXT_BYTES,
+                    "terms": dict(g.terms),
+                    "host_bytes_per_device": g.host_bytes,
+                }
+                for g in self.groups
+            ],
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupMemory:
+    """One device group of a disaggregated job: its devices, layout, and the phase in which its
+    devices hold the most (``terms``, per device)."""
+
+    label: str
+    devices: int
+    layout: str
+    phase: str
+    terms: tuple[tuple[str, float], ...]
+    host_bytes: float = 0.0  # per device: the trained model's offloaded states
+
+
+def estimate_disaggregated(
+    system: System,
+    policy: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    spec: RLHFSpec,
+    *,
+    actor_memory: MemoryBreakdown,
+    actor_time: TimeBreakdown,
+) -> RLHFEstimate:
+    """A PPO / GRPO step with a device group per model (:mod:`trainplan.rlhf_groups`).
+
+    ``layout`` is the job's (its tp / pp / ZeRO are each group's default); ``actor_memory`` /
+    ``actor_time`` are the actor's training step on its own group. Every term is the colocated
+    model's — a frozen model's weights (``memory_breakdown(...).weights_bytes``), its forward
+    (``timing.step_time(...).forward_s``), the critic's training step, the engine's
+    :func:`rollout` — evaluated on the group's system and layout; the phases combine them as the
+    module docstring of :mod:`trainplan.rlhf_groups` says (sum of phases, longest group within)."""
+    groups = spec.groups
+    cap = system.accelerator.capacity_bytes
+    arec = actor_recipe(recipe, spec)
+    frozen = frozen_recipe(arec)
+    g_actor = group_of(groups, "actor")
+    assert g_actor is not None  # RLHFSpec checked the roles
+    lay_actor = group_layout(layout, g_actor)
+    sys_actor = group_system(system, g_actor)
+    sequences = step_sequences(arec, lay_actor)
+    updates = updates_per_step(recipe, spec, lay_actor)
+    urec = update_recipe(recipe, spec, lay_actor)
+
+    def on(role: str) -> tuple[DeviceGroup, System, Layout]:
+        g = group_of(groups, role)
+        assert g is not None
+        lay = group_layout(layout, g)
+        return g, group_system(system, g), lay
+
+    # Per group: resident terms, each phase's transients, and the forwards it runs while scoring.
+    resident: dict[str, list[tuple[str, float]]] = {g.label: [] for g in groups}
+    transient: dict[str, dict[str, list[tuple[str, float]]]] = {g.label: {} for g in groups}
+    forwards_s: dict[str, float] = {g.label: 0.0 for g in groups}
+    scoring_flops = 0.0
+    resident[g_actor.label].append(("actor training states", actor_memory.model_states_bytes))
+    transient[g_actor.label]["training"] = [
+        ("actor training step (peak live, beyond its states)", actor_memory.peak_bytes - actor_memory.model_states_bytes)
+    ]
+    models: dict[str, float] = {"actor training states": actor_memory.model_states_bytes}
+    critic_s = 0.0
+    critic_flops_trained = False
+    host = actor_memory.host_bytes
+    host_of: dict[str, float] = {g_actor.label: actor_memory.host_bytes}
+    if spec.method == "ppo":
+        g, sys_c, lay_c = on("critic")
+        critic = critic_of(policy, spec)
+        lay_c.check_model(critic)
+        crec = dataclasses.replace(update_recipe(recipe, spec, lay_c), method="full", lora=None)
+        nmb_c = lay_c.check_batch(seq_len=crec.seq_len, micro_batch=crec.micro_batch, global_batch=crec.global_batch)
+        cmem = memory_breakdown(critic, crec, lay_c, capacity_bytes=cap, num_microbatches=nmb_c)
+        critic_s = updates_per_step(recipe, spec, lay_c) * step_time(sys_c, critic, crec, lay_c, memory=cmem).step_s
+        critic_flops_trained = True
+        resident[g.label].append(("critic training states", cmem.model_states_bytes))
+        transient[g.label]["training"] = [
+            ("critic training step (peak live, beyond its states)", cmem.peak_bytes - cmem.model_states_bytes)
+        ]
+        models["critic training states"] = cmem.model_states_bytes
+        host = max(host, cmem.host_bytes)
+        host_of[g.label] = cmem.host_bytes
+    for sm in scored_models(policy, spec):
+        role = {"reference": "ref", "reward model": "reward"}.get(sm.role, "critic" if sm.role == "critic values" else "actor")
+        if sm.role == "reference" and not sm.resident:
+            role = "actor"  # the LoRA actor's base, adapters disabled
+        g, sys_g, lay_g = on(role)
+        lay_g.check_model(sm.model)
+        sfrozen = frozen
+        lay_g.check_batch(seq_len=sfrozen.seq_len, micro_batch=sfrozen.micro_batch, global_batch=sfrozen.global_batch)
+        if sm.resident:
+            w = memory_breakdown(sm.model, sfrozen, lay_g).weights_bytes
+            resident[g.label].append((f"{sm.role} weights (frozen)", w))
+            models[f"{sm.role} weights (frozen)"] = w
+        forwards_s[g.label] += _forward_s(sys_g, sm.model, sfrozen, lay_g)
+        scoring_flops += _forward_flops(sm.model, sfrozen, lay_g)
+        logits = logits_bytes(sm.model, sfrozen, lay_g)[0]
+        held = transient[g.label].get("scoring", [("", 0.0)])[0][1]
+        transient[g.label]["scoring"] = [("log-prob logits (FP32, one micro-batch)", max(logits, held))]
+    g_roll = group_of(groups, "rollout")
+    sync_s = 0.0
+    if g_roll is not None:
+        sys_r = group_system(system, g_roll)
+        ro = rollout(sys_r, policy, frozen, spec, sequences)
+        resident[g_roll.label] += [
+            ("rollout engine weights", ro.engine_weights_bytes),
+            ("rollout KV cache", ro.kv_cache_bytes),
+        ]
+        models["rollout engine weights"] = ro.engine_weights_bytes
+        models["rollout KV cache"] = ro.kv_cache_bytes
+        sync_s = broadcast_sync_s(system, sys_actor, lay_actor, engine_weights_bytes(policy, frozen, 1), g_roll.devices)
+    else:
+        ro = rollout(sys_actor, policy, frozen, spec, sequences, lay_actor)
+        gen = [("rollout KV cache (generate)", ro.kv_cache_bytes)]
+        if lay_actor.zero == 3:
+            gen.append(
+                ("ZeRO-3 gathered layers (generate)", actor_memory.fsdp_root_bytes + 2 * actor_memory.fsdp_block_bytes)
+            )
+        transient[g_actor.label]["rollout"] = gen
+    actor_step_s = updates * actor_time.step_s
+    terms = {
+        "rollout_prefill_s": ro.prefill_s,
+        "rollout_decode_s": ro.decode_s,
+        "scoring_s": max(forwards_s.values()),
+        # critic.fit.remote() runs while the actor trains and syncs (ActorPPOTrainer.ppo_train)
+        "critic_update_s": max(0.0, critic_s - actor_step_s - sync_s),
+        "weight_sync_s": sync_s,
+    }
+    group_mem: list[GroupMemory] = []
+    phases: dict[str, list[tuple[str, float]]] = {}
+    for g in groups:
+        own = transient[g.label] or {"rollout": []}
+        phase = max(own, key=lambda p: sum(v for _, v in own[p]))
+        terms_g = (*resident[g.label], *own[phase])
+        if g is g_roll:
+            lay_g = f"{ro.engines} engine(s) × tp {spec.rollout_tp}"
+        else:
+            lay_g = group_layout(layout, g).describe()
+        group_mem.append(
+            GroupMemory(
+                label=g.label,
+                devices=g.devices,
+                layout=lay_g,
+                phase=phase,
+                terms=terms_g,
+                host_bytes=host_of.get(g.label, 0.0),
+            )
+        )
+        phases[f"{g.label} group"] = list(terms_g)
+    notes = [
+        "disaggregated: each model on its own device group, resident; the step is rollout + scoring "
+        "(the longest group) + actor update + sync + the critic's update beyond them (concurrent, "
+        "OpenRLHF Ray PPO)",
+        *step_notes(spec, updates),
+    ]
+    return RLHFEstimate(
+        spec=spec,
+        placement=spec.placement,
+        phases=phases,
+        capacity_bytes=cap,
+        host_bytes=host,
+        host_capacity_bytes_per_node=system.host_memory_bytes_per_node,
+        devices_on_node=system.devices_on_a_node,
+        models=models,
+        rollout=ro,
+        time_terms=terms,
+        actor_step_s=actor_step_s,
+        updates=updates,
+        sequences=sequences,
+        tokens_per_step=float(sequences * arec.seq_len),
+        model_flops_per_step=model_flops_per_step(
+            policy, spec, arec, lay_actor, ro, sequences, scoring_flops, trains_critic=critic_flops_trained
+        ),
+        notes=tuple(notes),
+        groups=tuple(group_mem),
+    )
+
+
+def broadcast_sync_s(
+    system: System, actor_system: System, actor_layout: Layout, full_weights_bytes: float, engine_devices: int
+) -> float:
+    """OpenRLHF's ``_broadcast_to_vllm``: each parameter gathered over the actor's ZeRO-3 group
+    (:func:`gather_s`), then broadcast from actor rank 0 to the engines' ranks over one NCCL group
+    (actor rank 0 + every engine rank, consecutive ranks of the job's system). A ring broadcast
+    moves the whole buffer over each link once (nccl-tests ``doc/PERFORMANCE.md``: broadcast bus
+    bandwidth = algorithm bandwidth), the time of an all-gather of the same output to within
+    (p − 1)/p: :func:`gather_s` of the full weights over the p = engine ranks + 1."""
+    gather = gather_s(actor_system, full_weights_bytes, actor_layout.shard_group) if actor_layout.zero == 3 else 0.0
+    return gather + gather_s(system, full_weights_bytes, engine_devices + 1)
+
+
+def model_flops_per_step(
+    policy: ModelSpec,
+    spec: RLHFSpec,
+    arec: Recipe,
+    layout: Layout,
+    ro: Rollout | None,
+    sequences: int,
+    scoring_flops: float,
+    *,
+    trains_critic: bool,
+) -> float:
+    """Model FLOPs of one RL step: the actor's training step (``flops.step_flops``), the critic's,
+    the scoring forwards, the rollout's prefill and its decode (2 · active params per generated
+    token, Kaplan et al. 2020 Sec. 2.1)."""
+    actor = step_flops(policy, arec, layout).model_flops
+    critic = step_flops(critic_of(policy, spec), frozen_recipe(arec), layout).model_flops if trains_critic else 0.0
+    rollout_flops = 0.0
+    if ro is not None:
+        decode_flops = 2.0 * count_params(policy).active * sequences * spec.gen_len
+        rollout_flops = ro.prefill_flops_per_engine * ro.engines + decode_flops
+    return actor + critic + scoring_flops + rollout_flops
+
+
+def step_notes(spec: RLHFSpec, updates: int) -> list[str]:
+    notes: list[str] = []
+    if spec.method in ROLLOUT_METHODS:
+        notes.append(
+            f"{updates} actor{' and critic' if spec.method == 'ppo' else ''} update(s) per step "
+            "(ppo_epochs = 1); the rollout is a roofline of the engine (no scheduler or sampling overheads)"
+        )
+    if spec.method in ("rm", "ppo") or spec.reward_model is not None:
+        notes.append("reward and value heads are counted as the model's LM head (a scalar head is smaller)")
+    return notes
 
 
 def critic_of_name(spec: RLHFSpec) -> str | None:
@@ -653,6 +947,16 @@ def estimate_rlhf(
     """Memory per phase and the RL time terms; ``actor_memory`` / ``actor_time`` are the actor's
     own training step (``memory.memory_breakdown`` and ``timing.step_time`` of
     :func:`actor_recipe`)."""
+    if spec.placement == "disaggregated":
+        return estimate_disaggregated(
+            system,
+            policy,
+            recipe,
+            layout,
+            spec,
+            actor_memory=actor_memory,
+            actor_time=actor_time,
+        )
     cap = system.accelerator.capacity_bytes
     arec = actor_recipe(recipe, spec)
     frozen = frozen_recipe(arec)
@@ -782,21 +1086,7 @@ def estimate_rlhf(
         if sync_bytes
         else 0.0,
     }
-    actor_flops = step_flops(policy, arec, layout)
-    critic_flops = (
-        step_flops(critic_of(policy, spec), frozen, layout).model_flops if critic_time is not None else 0.0
-    )
-    rollout_flops = 0.0
-    if ro is not None:
-        decode_flops = 2.0 * count_params(policy).active * sequences * spec.gen_len
-        rollout_flops = ro.prefill_flops_per_engine * ro.engines + decode_flops
-    if spec.method in ROLLOUT_METHODS:
-        notes.append(
-            f"{updates} actor{' and critic' if spec.method == 'ppo' else ''} update(s) per step "
-            "(ppo_epochs = 1); the rollout is a roofline of the engine (no scheduler or sampling overheads)"
-        )
-    if spec.method in ("rm", "ppo") or spec.reward_model is not None:
-        notes.append("reward and value heads are counted as the model's LM head (a scalar head is smaller)")
+    notes.extend(step_notes(spec, updates))
     return RLHFEstimate(
         spec=spec,
         placement=spec.placement,
@@ -812,7 +1102,9 @@ def estimate_rlhf(
         updates=updates,
         sequences=sequences,
         tokens_per_step=float(sequences * arec.seq_len),
-        model_flops_per_step=actor_flops.model_flops + critic_flops + scoring_flops + rollout_flops,
+        model_flops_per_step=model_flops_per_step(
+            policy, spec, arec, layout, ro, sequences, scoring_flops, trains_critic=critic_time is not None
+        ),
         notes=tuple(notes),
     )
 

@@ -36,6 +36,10 @@ RLHF_DATASETS: Final[dict[str, tuple[float, str]]] = {
         1.0,
         "OpenRLHF benchmark (Mar 2024): PPO generation / training / end-to-end seconds, every model colocated",
     ),
+    "rlhf_openrlhf_disaggregated": (
+        0.5,
+        "OpenRLHF benchmark (Mar 2024): PPO generation / training / end-to-end seconds, a device group per model (Ray)",
+    ),
     "rlhf_fit_claims": (0.0, "RLHF configs published as running on their devices (fit claims)"),
 }
 """Each dataset's enforced MAPE bound (a regression guard at today's accuracy) and description."""
@@ -93,8 +97,13 @@ def rows() -> list[RLHFRow]:
             "optimizer_in_backward": c["optimizer_in_backward"] == "true",
             "stack": c["stack"],
             "placement": c["placement"],
+            "offload": c["offload"],
             **{k: int(c[k]) for k in _INT},
         }
+        if c["groups"]:
+            fields["groups"] = c["groups"]
+        if int(c["rollout_tp"]) != 1:
+            fields["rollout_tp"] = int(c["rollout_tp"])
         out.append(
             RLHFRow(
                 name=c["name"],
@@ -147,6 +156,8 @@ def predict(row: RLHFRow) -> float:
 
 def _assumptions(row: RLHFRow) -> tuple[str, ...]:
     out = [f"{row.fields['rollout_engine']} engine", f"train batch {row.fields['train_batch']}"]
+    if "groups" in row.fields:
+        out.append(f"groups {row.fields['groups']}")
     if row.scale_up_bytes_per_s is not None:
         out.append(f"A800 NVLink {row.scale_up_bytes_per_s / 1e9:.0f} GB/s one direction")
     if row.metric != "fits":
