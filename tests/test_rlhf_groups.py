@@ -59,7 +59,9 @@ def test_openrlhf_70b_on_16_gpus_fits_with_a_small_kv_budget() -> None:
     assert ro is not None and ro.engines == 2
     cap = est.system.accelerator.memory_bytes
     assert ro.kv_budget_bytes == pytest.approx(0.9 * cap - ro.engine_weights_bytes)
-    kv_seq = 2 * 80 * (8 // 2) * 128 * 2 * 2048  # 2 (K,V) × layers × KV heads per rank × head dim × bf16 × tokens
+    kv_seq = (
+        2 * 80 * (8 // 2) * 128 * 2 * 2048
+    )  # 2 (K,V) × layers × KV heads per rank × head dim × bf16 × tokens
     assert ro.concurrent_sequences == int(ro.kv_budget_bytes // kv_seq) < 32
     # A placement that leaves less KV budget after the weights generates slower.
     tight = estimate("llama-2-70b", **{**RUN_70B, "rollout_engine_mem_fraction": 0.85}).rlhf
@@ -124,9 +126,21 @@ def test_more_rollout_devices_never_slow_generation(a: int, b: int) -> None:
         ("actor+critic=4,ref=2,reward=2", 8, {"rollout_engine": "trainer"}, "groups", "concurrently"),
         ("actor=2,critic=2,ref+rollout=2,reward=2", 8, {}, "groups", "own"),
         ("actor=2,critic=2,ref=2,reward=2", 8, {}, "groups", "rollout"),
-        ("actor=2,critic=2,ref=1,reward=1,rollout=2", 8, {"rollout_engine": "hybrid"}, "rollout_engine", "vllm"),
+        (
+            "actor=2,critic=2,ref=1,reward=1,rollout=2",
+            8,
+            {"rollout_engine": "hybrid"},
+            "rollout_engine",
+            "vllm",
+        ),
         ("actor=2,critic=2,ref=1,reward=1,rollout=2", 8, {"method": "dpo"}, "placement", "dpo"),
-        ("actor=2,critic=2,ref=1,reward=1,rollout=2", 8, {"placement": "colocated"}, "groups", "disaggregated"),
+        (
+            "actor=2,critic=2,ref=1,reward=1,rollout=2",
+            8,
+            {"placement": "colocated"},
+            "groups",
+            "disaggregated",
+        ),
         ("actor=2,critic=2,policy=1,reward=1,rollout=2", 8, {}, "groups", "unknown role"),
         ("actor=2,actor=2", 4, {}, "groups", "two groups"),
     ],

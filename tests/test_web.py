@@ -540,3 +540,43 @@ def test_save_plot_without_matplotlib_names_the_extra(
     with pytest.raises(TrainplanError) as exc:
         save_plot("estimate", _estimate(), tmp_path / "x.png")
     assert "trainplan[plot]" in str(exc.value) and "\n" not in str(exc.value)
+
+
+# --- the RL fields of the form -------------------------------------------------------------------------
+def test_form_has_an_rl_fieldset_driven_by_the_schema(server: TrainplanServer) -> None:
+    from trainplan import inputs
+
+    status, doc = api(server, "GET", "/api/openapi.json")
+    props = doc["components"]["schemas"]["EstimateRequest"]["properties"]
+    for f in inputs.RLHF_FIELDS:
+        assert props[f.name]["x-group"] == "rlhf", f.name
+    assert props["devices"]["x-group"] != "rlhf"
+    html = request(server, "GET", "/")[2].decode()
+    assert 'id="group-rlhf"' in html
+    app = static_files()["/static/app.js"][0].decode()
+    assert '"group-rlhf"' in app and 'spec["x-group"] === "rlhf"' in app
+    # A choice without a default gets a blank first option: an RL choice is not sent with a full
+    # fine-tune (the API refuses RL settings with other methods).
+    assert 'types.includes("null")' in app
+    status, err = api(
+        server, "POST", "/api/estimate", {"model": "llama-2-7b", "hardware": "h100-sxm", "actor": "full"}
+    )
+    assert status == 400 and err["error"]["field"] == "actor"
+
+
+def test_disaggregated_rl_job_through_the_api(server: TrainplanServer) -> None:
+    body = {
+        "model": "llama-2-7b",
+        "hardware": "h100-sxm",
+        "devices": 8,
+        "method": "ppo",
+        "zero": 3,
+        "recompute": "full",
+        "global_batch": 64,
+        "placement": "disaggregated",
+        "groups": "actor=2,critic=2,ref=1,reward=1,rollout=2",
+    }
+    status, doc = api(server, "POST", "/api/estimate", body)
+    assert status == 200, doc
+    assert [g["group"] for g in doc["rlhf"]["groups"]] == ["actor", "critic", "ref", "reward", "rollout"]
+    assert doc["rlhf"]["split_s"]["rollout"] > 0

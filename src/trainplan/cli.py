@@ -196,7 +196,9 @@ def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
     for phase, terms in rl.phases.items():
         mark = "  <- peak" if phase == rl.peak_phase else ""
         g = groups.get(phase)
-        title = f"{phase} phase" if g is None else f"{phase} ({g.devices} devices, {g.layout}; {g.phase} phase)"
+        title = (
+            f"{phase} phase" if g is None else f"{phase} ({g.devices} devices, {g.layout}; {g.phase} phase)"
+        )
         lines.append(f"  {title}: {_fmt_size(rl.phase_bytes(phase), binary).strip()}{mark}")
         for name, value in terms:
             if value:

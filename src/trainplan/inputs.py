@@ -202,6 +202,7 @@ class Field:
             if self.positive:
                 schema["exclusiveMinimum" if kind == "number" else "minimum"] = 0 if kind == "number" else 1
         schema["description"] = f"CLI {self.option}" + (f": {self.help}" if self.help else "")
+        schema["x-group"] = self.group  # the form's fieldset (OpenAPI 3.1 specification extension)
         return schema
 
 

@@ -35,7 +35,6 @@ from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Recipe
-from trainplan.rlhf_groups import actor_placement
 from trainplan.rlhf import (
     RLHFEstimate,
     RLHFSpec,
@@ -45,6 +44,7 @@ from trainplan.rlhf import (
     update_recipe,
     updates_per_step,
 )
+from trainplan.rlhf_groups import actor_placement
 from trainplan.sharding import device_params
 from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
 from trainplan.timing import Throughput, TimeBreakdown, step_time, throughput

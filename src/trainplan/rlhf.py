@@ -54,7 +54,6 @@ from trainplan.memory import (
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
-from trainplan.rlhf_groups import DeviceGroup, check_groups, group_layout, group_of, group_system
 from trainplan.recipe import (
     RLHF_ACTORS,
     RLHF_ENGINES,
@@ -68,6 +67,7 @@ from trainplan.recipe import (
     RLHFReference,
     RolloutEngine,
 )
+from trainplan.rlhf_groups import DeviceGroup, check_groups, group_layout, group_of, group_system
 from trainplan.timing import TimeBreakdown, recipe_peaks, step_time
 
 ROLLOUT_METHODS: Final = ("ppo", "grpo")
@@ -159,7 +159,9 @@ class RLHFSpec:
                 self.groups, method=m, roles_needed=self.group_roles, rollout_engine=self.rollout_engine
             )
         elif self.groups:
-            raise RecipeError("groups", "device groups are for --placement disaggregated; add it or drop --groups")
+            raise RecipeError(
+                "groups", "device groups are for --placement disaggregated; add it or drop --groups"
+            )
         if self.actor != "full" and self.lora is None:
             object.__setattr__(self, "lora", LoRASpec())
         if self.actor == "full" and self.lora is not None:
@@ -226,7 +228,6 @@ class RLHFSpec:
             raise RecipeError("rollout_tp", f"must be a positive integer, got {self.rollout_tp}")
         if m in ROLLOUT_METHODS and (self.prompt_len <= 0 or self.gen_len <= 0):
             raise RecipeError("gen_len", "prompt and generation lengths must be positive")
-
 
     @property
     def group_roles(self) -> tuple[str, ...]:
@@ -733,7 +734,6 @@ def estimate_disaggregated(
     sys_actor = group_system(system, g_actor)
     sequences = step_sequences(arec, lay_actor)
     updates = updates_per_step(recipe, spec, lay_actor)
-    urec = update_recipe(recipe, spec, lay_actor)
 
     def on(role: str) -> tuple[DeviceGroup, System, Layout]:
         g = group_of(groups, role)
@@ -748,7 +748,10 @@ def estimate_disaggregated(
     scoring_flops = 0.0
     resident[g_actor.label].append(("actor training states", actor_memory.model_states_bytes))
     transient[g_actor.label]["training"] = [
-        ("actor training step (peak live, beyond its states)", actor_memory.peak_bytes - actor_memory.model_states_bytes)
+        (
+            "actor training step (peak live, beyond its states)",
+            actor_memory.peak_bytes - actor_memory.model_states_bytes,
+        )
     ]
     models: dict[str, float] = {"actor training states": actor_memory.model_states_bytes}
     critic_s = 0.0
@@ -760,9 +763,13 @@ def estimate_disaggregated(
         critic = critic_of(policy, spec)
         lay_c.check_model(critic)
         crec = dataclasses.replace(update_recipe(recipe, spec, lay_c), method="full", lora=None)
-        nmb_c = lay_c.check_batch(seq_len=crec.seq_len, micro_batch=crec.micro_batch, global_batch=crec.global_batch)
+        nmb_c = lay_c.check_batch(
+            seq_len=crec.seq_len, micro_batch=crec.micro_batch, global_batch=crec.global_batch
+        )
         cmem = memory_breakdown(critic, crec, lay_c, capacity_bytes=cap, num_microbatches=nmb_c)
-        critic_s = updates_per_step(recipe, spec, lay_c) * step_time(sys_c, critic, crec, lay_c, memory=cmem).step_s
+        critic_s = (
+            updates_per_step(recipe, spec, lay_c) * step_time(sys_c, critic, crec, lay_c, memory=cmem).step_s
+        )
         critic_flops_trained = True
         resident[g.label].append(("critic training states", cmem.model_states_bytes))
         transient[g.label]["training"] = [
@@ -772,13 +779,17 @@ def estimate_disaggregated(
         host = max(host, cmem.host_bytes)
         host_of[g.label] = cmem.host_bytes
     for sm in scored_models(policy, spec):
-        role = {"reference": "ref", "reward model": "reward"}.get(sm.role, "critic" if sm.role == "critic values" else "actor")
+        role = {"reference": "ref", "reward model": "reward"}.get(
+            sm.role, "critic" if sm.role == "critic values" else "actor"
+        )
         if sm.role == "reference" and not sm.resident:
             role = "actor"  # the LoRA actor's base, adapters disabled
         g, sys_g, lay_g = on(role)
         lay_g.check_model(sm.model)
         sfrozen = frozen
-        lay_g.check_batch(seq_len=sfrozen.seq_len, micro_batch=sfrozen.micro_batch, global_batch=sfrozen.global_batch)
+        lay_g.check_batch(
+            seq_len=sfrozen.seq_len, micro_batch=sfrozen.micro_batch, global_batch=sfrozen.global_batch
+        )
         if sm.resident:
             w = memory_breakdown(sm.model, sfrozen, lay_g).weights_bytes
             resident[g.label].append((f"{sm.role} weights (frozen)", w))
@@ -799,13 +810,18 @@ def estimate_disaggregated(
         ]
         models["rollout engine weights"] = ro.engine_weights_bytes
         models["rollout KV cache"] = ro.kv_cache_bytes
-        sync_s = broadcast_sync_s(system, sys_actor, lay_actor, engine_weights_bytes(policy, frozen, 1), g_roll.devices)
+        sync_s = broadcast_sync_s(
+            system, sys_actor, lay_actor, engine_weights_bytes(policy, frozen, 1), g_roll.devices
+        )
     else:
         ro = rollout(sys_actor, policy, frozen, spec, sequences, lay_actor)
         gen = [("rollout KV cache (generate)", ro.kv_cache_bytes)]
         if lay_actor.zero == 3:
             gen.append(
-                ("ZeRO-3 gathered layers (generate)", actor_memory.fsdp_root_bytes + 2 * actor_memory.fsdp_block_bytes)
+                (
+                    "ZeRO-3 gathered layers (generate)",
+                    actor_memory.fsdp_root_bytes + 2 * actor_memory.fsdp_block_bytes,
+                )
             )
         transient[g_actor.label]["rollout"] = gen
     actor_step_s = updates * actor_time.step_s
@@ -824,14 +840,14 @@ def estimate_disaggregated(
         phase = max(own, key=lambda p: sum(v for _, v in own[p]))
         terms_g = (*resident[g.label], *own[phase])
         if g is g_roll:
-            lay_g = f"{ro.engines} engine(s) × tp {spec.rollout_tp}"
+            described = f"{ro.engines} engine(s) × tp {spec.rollout_tp}"
         else:
-            lay_g = group_layout(layout, g).describe()
+            described = group_layout(layout, g).describe()
         group_mem.append(
             GroupMemory(
                 label=g.label,
                 devices=g.devices,
-                layout=lay_g,
+                layout=described,
                 phase=phase,
                 terms=terms_g,
                 host_bytes=host_of.get(g.label, 0.0),
@@ -876,7 +892,11 @@ def broadcast_sync_s(
     moves the whole buffer over each link once (nccl-tests ``doc/PERFORMANCE.md``: broadcast bus
     bandwidth = algorithm bandwidth), the time of an all-gather of the same output to within
     (p − 1)/p: :func:`gather_s` of the full weights over the p = engine ranks + 1."""
-    gather = gather_s(actor_system, full_weights_bytes, actor_layout.shard_group) if actor_layout.zero == 3 else 0.0
+    gather = (
+        gather_s(actor_system, full_weights_bytes, actor_layout.shard_group)
+        if actor_layout.zero == 3
+        else 0.0
+    )
     return gather + gather_s(system, full_weights_bytes, engine_devices + 1)
 
 
@@ -895,7 +915,9 @@ def model_flops_per_step(
     the scoring forwards, the rollout's prefill and its decode (2 · active params per generated
     token, Kaplan et al. 2020 Sec. 2.1)."""
     actor = step_flops(policy, arec, layout).model_flops
-    critic = step_flops(critic_of(policy, spec), frozen_recipe(arec), layout).model_flops if trains_critic else 0.0
+    critic = (
+        step_flops(critic_of(policy, spec), frozen_recipe(arec), layout).model_flops if trains_critic else 0.0
+    )
     rollout_flops = 0.0
     if ro is not None:
         decode_flops = 2.0 * count_params(policy).active * sequences * spec.gen_len

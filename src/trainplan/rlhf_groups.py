@@ -94,7 +94,9 @@ def parse_groups(text: str) -> tuple[DeviceGroup, ...]:
         for opt in filter(None, m["opts"].split(":")):
             key = opt.rstrip("0123456789")
             if key not in ("tp", "pp", "zero") or key in opts:
-                raise RecipeError("groups", f"unknown or repeated layout option {opt!r} in {part!r}: use tp, pp, zero")
+                raise RecipeError(
+                    "groups", f"unknown or repeated layout option {opt!r} in {part!r}: use tp, pp, zero"
+                )
             opts[key] = int(opt[len(key) :])
         devices = int(m["devices"])
         if devices <= 0:
@@ -163,7 +165,9 @@ def group_layout(layout: Layout, group: DeviceGroup) -> Layout:
     tp = group.tp or layout.tp
     pp = group.pp or layout.pp
     return dataclasses.replace(
-        Layout.for_devices(group.devices, tp=tp, pp=pp, cp=layout.cp, zero=layout.zero if group.zero is None else group.zero),
+        Layout.for_devices(
+            group.devices, tp=tp, pp=pp, cp=layout.cp, zero=layout.zero if group.zero is None else group.zero
+        ),
         sequence_parallel=layout.sequence_parallel and tp > 1,
         pp_schedule=layout.pp_schedule if pp > 1 else "1f1b",
         virtual_stages=layout.virtual_stages if pp > 1 else 1,
@@ -185,7 +189,9 @@ def check_devices(groups: tuple[DeviceGroup, ...], system: System) -> None:
         )
 
 
-def actor_placement(system: System, layout: Layout, groups: tuple[DeviceGroup, ...], policy: ModelSpec) -> tuple[System, Layout]:
+def actor_placement(
+    system: System, layout: Layout, groups: tuple[DeviceGroup, ...], policy: ModelSpec
+) -> tuple[System, Layout]:
     """The actor's own system and layout (its group), checked against the policy."""
     check_devices(groups, system)
     g = group_of(groups, "actor")

@@ -174,7 +174,9 @@
     const skip = new Set(["model", "config", "config_name", "strict", "hardware"]);
     for (const name of Object.keys(state.schema)) {
       if (skip.has(name)) continue;
-      const group = LAYOUT.includes(name) ? "group-layout" : RECIPE.includes(name) ? "group-recipe" : "group-advanced";
+      const spec = state.schema[name];
+      const group = LAYOUT.includes(name) ? "group-layout" : RECIPE.includes(name) ? "group-recipe"
+        : spec["x-group"] === "rlhf" ? "group-rlhf" : "group-advanced";
       state.fields.push(makeField(name, state.schema[name], $(group), "f-"));
     }
     for (const name of PLAN_OPTIONS) {
