@@ -148,12 +148,12 @@ def test_little_kv_budget_after_weights_generates_slower() -> None:
     assert tight.prefill_s + tight.decode_s > 1.5 * (roomy.prefill_s + roomy.decode_s)
 
 
-def test_rlhf_flags_are_refused_with_other_methods_and_disaggregated_is_refused() -> None:
+def test_rlhf_flags_are_refused_with_other_methods_and_groupless_disaggregated_is_refused() -> None:
     with pytest.raises(TrainplanError, match="RLHF setting"):
         _est("full", gen_len=256)
     with pytest.raises(TrainplanError, match="no rollout"):
         _est("dpo", group_size=4)
-    with pytest.raises(TrainplanError, match="disaggregated"):
+    with pytest.raises(TrainplanError, match="needs its device groups"):
         _est("ppo", placement="disaggregated")
     with pytest.raises(TrainplanError, match="seq-len 768"):
         _est("ppo", prompt_len=256, gen_len=512)
@@ -179,12 +179,9 @@ def test_every_rlhf_flag_changes_the_answer() -> None:
     assert _est("dpo", reference="precomputed").to_dict() != _est("dpo").to_dict()
 
 
-def test_plan_and_export_refuse_rlhf_methods() -> None:
-    from trainplan import plan
+def test_export_refuses_rlhf_methods() -> None:
     from trainplan.export import export_plan
 
-    with pytest.raises(TrainplanError, match="trainplan estimate --method ppo"):
-        plan("llama-2-7b", method="ppo", hardware="h100-sxm", devices="8")
     est = _est("dpo")
     with pytest.raises(TrainplanError, match="TRL, OpenRLHF or verl"):
         export_plan("torchtitan", est.system, est.model, est.recipe, est.layout)
@@ -234,9 +231,15 @@ def test_rlhf_validation_rows_are_predicted_and_the_fit_claim_reproduced() -> No
     timing = validate_rlhf_dataset("rlhf_openrlhf_colocated")
     assert len(timing.scored) == 9 and timing.passed
     fits = validate_rlhf_dataset("rlhf_fit_claims")
-    assert [r.error for r in fits.scored] == [0.0]
-    skipped = [r for r in fits.rows if r.skipped]
-    assert len(skipped) == 1 and "disaggregated" in skipped[0].skipped
+    # torchtune's 4 × 7B on one A100, and OpenRLHF's 70B on 16 A100 in its own device groups.
+    assert [r.name for r in fits.scored] == [
+        "torchtune-ppo-mistral7b-1xa100-fits",
+        "openrlhf-70b-16xa100-config",
+    ]
+    assert [r.error for r in fits.scored] == [0.0, 0.0]
+    assert not [r for r in fits.rows if r.skipped]
+    groups = validate_rlhf_dataset("rlhf_openrlhf_disaggregated")
+    assert len(groups.scored) == 15 and groups.passed
 
 
 def test_cli_shows_memory_per_model_and_phase_and_the_step_split(capsys: pytest.CaptureFixture[str]) -> None:

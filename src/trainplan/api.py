@@ -153,6 +153,10 @@ def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> R
         )
         if values.get(k) is not None
     }
+    if values.get("placement") == "disaggregated" and values.get("rollout_engine_mem_fraction") is None:
+        from trainplan.planner.rlhf import DEDICATED_ENGINE_MEM_FRACTION
+
+        optional["rollout_engine_mem_fraction"] = DEDICATED_ENGINE_MEM_FRACTION
     return RLHFSpec(
         method=method,
         actor=actor,

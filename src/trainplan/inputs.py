@@ -1004,6 +1004,7 @@ PLAN_FIELDS: Final = (
     *SEARCH_FIELDS,
     *open_for_search(RECIPE_FIELDS),
     *LAYOUT_OPTION_FIELDS,
+    *RLHF_FIELDS,
     *COST_FIELDS,
     *GOODPUT_FIELDS,
 )
@@ -1016,6 +1017,7 @@ COMPARE_FIELDS: Final = (
     *SEARCH_FIELDS,
     *open_for_search(RECIPE_FIELDS),
     *LAYOUT_OPTION_FIELDS,
+    *RLHF_FIELDS,
     *COST_FIELDS,
     *GOODPUT_FIELDS,
 )

@@ -74,13 +74,6 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
     """The fixed recipe and the search space the fields describe: a searchable field left open
     (``None``) is searched, the recipe holds its estimate default meanwhile."""
     recipe = build_recipe(fill_defaults(values, RECIPE_FIELDS))
-    if recipe.method in RLHF_METHODS:
-        raise TrainplanError(
-            "method",
-            f"plan and compare search the layouts of one model's training step; a {recipe.method} step "
-            "adds a rollout, reference, reward and critic models they do not search: size each candidate "
-            f"with `trainplan estimate --method {recipe.method}` (memory per phase, RL step time)",
-        )
     if values["precision"] is not None:
         precisions: tuple[str, ...] = (values["precision"],)
     else:
@@ -125,6 +118,45 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
     return replace(recipe), space
 
 
+def rlhf_from_values(
+    values: Mapping[str, Any],
+    model: ModelSpec,
+    accs: list[Accelerator],
+    recipe: Recipe,
+    space: SearchSpace,
+    *,
+    compare_mode: bool,
+) -> PlanResult:
+    """An RL job's plan (:mod:`trainplan.planner.rlhf`): the RL fields fix the job's models;
+    placement, rollout TP and groups not given are searched."""
+    from trainplan.api import rlhf_spec
+    from trainplan.planner.rlhf import plan_rlhf
+    from trainplan.rlhf_groups import parse_groups
+
+    groups = parse_groups(values["groups"]) if values.get("groups") else ()
+    if groups and values.get("placement") not in (None, "disaggregated"):
+        raise TrainplanError(
+            "groups", "device groups are for --placement disaggregated; add it or drop --groups"
+        )
+    spec = rlhf_spec({**values, "placement": None, "groups": None}, model, recipe)
+    assert spec is not None
+    return plan_rlhf(
+        values,
+        model,
+        recipe,
+        spec,
+        accs,
+        space,
+        groups=groups,
+        objective=values["objective"],
+        top=max(1, len(accs)) if compare_mode else values["top"],
+        compare_mode=compare_mode,
+        prices=_prices(values, accs),
+        host_memory_bytes_per_node=host_memory_bytes(values),
+        reliability=build_reliability(values),
+    )
+
+
 def engine_recomputes(values: Mapping[str, Any]) -> tuple[Any, ...]:
     """The recompute modes searched: every one, or those of the engine the request names."""
     applied = engine_settings(values)
@@ -144,6 +176,8 @@ def engine_zero_stages(values: Mapping[str, Any]) -> tuple[int, ...]:
 def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
     """``plan(...)`` with the request the plan fields describe (the CLI, the web and Python APIs)."""
     recipe, space = request(values, compare_mode=False)
+    if recipe.method in RLHF_METHODS:
+        return rlhf_from_values(values, model, accs, recipe, space, compare_mode=False)
     result = plan(
         model,
         recipe,
@@ -173,6 +207,8 @@ def _with_engine(result: PlanResult, values: Mapping[str, Any]) -> PlanResult:
 def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Accelerator]) -> PlanResult:
     """``compare(...)`` with the request the compare fields describe (the CLI, the web and Python APIs)."""
     recipe, space = request(values, compare_mode=True)
+    if recipe.method in RLHF_METHODS:
+        return rlhf_from_values(values, model, accs, recipe, space, compare_mode=True)
     result = compare(
         model,
         recipe,
@@ -238,9 +274,16 @@ def band_cell(p: Plan) -> str:
     return text if b.calibrated else f"uncal {text}"
 
 
+def _layout_cell(p: Plan) -> str:
+    from trainplan.planner.rlhf import describe
+
+    return p.estimate.layout.describe() if p.estimate.rlhf is None else describe(p.estimate)
+
+
 def _row(p: Plan, tag: str = "") -> str:
     e = p.estimate
     r = e.recipe
+    mem = e.memory.per_device_bytes if e.rlhf is None else e.rlhf.per_device_bytes
     recipe = f"mb{r.micro_batch} {r.precision} rc={r.recompute}" + (
         f" off={r.offload}" if r.offload != "none" else ""
     )
@@ -250,8 +293,8 @@ def _row(p: Plan, tag: str = "") -> str:
     kwh = "-" if run.energy_kwh is None else f"{run.energy_kwh:,.0f}"
     rank = tag or str(p.rank)
     return (
-        f"{rank:>2} {p.label:16s} {e.layout.describe():34s} {recipe:24s} "
-        f"{fmt_bytes(e.memory.per_device_bytes):>9s} {fmt_duration(e.time.step_s):>9s} {band_cell(p):>17s} "
+        f"{rank:>2} {p.label:16s} {_layout_cell(p):34s} {recipe:24s} "
+        f"{fmt_bytes(mem):>9s} {fmt_duration(e.time.step_s):>9s} {band_cell(p):>17s} "
         f"{e.throughput.tokens_per_s:>10,.0f} {100 * e.throughput.mfu:>4.1f}% {time_s:>10s} {cost:>10s} {kwh:>8s}"
         f"  {run.price_label}"
     )
@@ -260,7 +303,7 @@ def _row(p: Plan, tag: str = "") -> str:
 def _explain(p: Plan) -> list[str]:
     e = p.estimate
     lines = [
-        f"  {p.label} — {e.layout.describe()}:",
+        f"  {p.label} — {_layout_cell(p)}:",
         f"    band: step {e.step_band.label()}; memory {e.memory_band.label()}; {e.fit_verdict}"
         + ("; ties within error with the plan ranked above" if p.tie_within_error else ""),
     ]
