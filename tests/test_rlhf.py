@@ -280,3 +280,13 @@ def test_no_reference_never_needs_more_memory_or_time(placement: str, engine: st
     without = estimate("llama-3.2-1b", method="grpo", reference="none", **kw)
     assert without.rlhf.per_device_bytes <= with_ref.rlhf.per_device_bytes
     assert without.time.step_s <= with_ref.time.step_s
+
+
+def test_tokens_per_s_counts_every_update_of_the_step() -> None:
+    """With --train-batch the step holds several updates; tokens/s is the step's sequences over
+    the step's time, in the throughput line as in the RL split."""
+    e = _est("ppo", train_batch=16)
+    assert e.rlhf is not None and e.rlhf.updates == 4
+    d = e.to_dict()
+    assert d["throughput"]["tokens_per_s"] == pytest.approx(d["rlhf"]["tokens_per_s"])
+    assert e.throughput.tokens_per_s == pytest.approx(64 * 1024 / e.time.step_s)

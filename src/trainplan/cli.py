@@ -151,7 +151,9 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         if rl.fits:
             free = rl.capacity_bytes - rl.per_device_bytes
             lines.append(
-                f"FITS ({rl.placement}, peak in the {rl.peak_phase} phase): "
+                f"FITS ({rl.placement}, peak "
+                + (f"on the {rl.peak_phase}" if rl.groups else f"in the {rl.peak_phase} phase")
+                + "): "
                 f"{100 * rl.per_device_bytes / rl.capacity_bytes:.0f}% of device memory, "
                 f"{free / (GiB if binary else GB):.2f} {unit} free"
             )

@@ -342,6 +342,8 @@ def estimate(
     if rl is not None:
         thr = dataclasses.replace(
             thr,
+            # every sequence of the RL step (all its updates), as the RL split counts them
+            tokens_per_s=rl.tokens_per_step / time.step_s,
             model_flops_per_step=rl.model_flops_per_step,
             hardware_flops_per_step=thr.hardware_flops_per_step
             + rl.model_flops_per_step
