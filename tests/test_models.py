@@ -470,3 +470,70 @@ def test_docs_preset_table_matches_counts() -> None:
     for spec in list_presets():
         c = count_params(spec)
         assert rows[spec.name] == (f"{c.total:,}", f"{c.active:,}"), spec.name
+
+
+# --- OPT (DeepSpeed-Chat's actor models) ------------------------------------------------------------
+OPT_1_3B_CONFIG = {
+    "_name_or_path": "facebook/opt-1.3b",
+    "_remove_final_layer_norm": False,
+    "activation_dropout": 0.0,
+    "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 2,
+    "do_layer_norm_before": True,
+    "dropout": 0.1,
+    "eos_token_id": 2,
+    "ffn_dim": 8192,
+    "hidden_size": 2048,
+    "init_std": 0.02,
+    "layerdrop": 0.0,
+    "max_position_embeddings": 2048,
+    "model_type": "opt",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 24,
+    "pad_token_id": 1,
+    "prefix": "</s>",
+    "torch_dtype": "float16",
+    "transformers_version": "4.21.0.dev0",
+    "use_cache": True,
+    "vocab_size": 50272,
+    "word_embed_proj_dim": 2048,
+}
+
+
+def test_opt_config_reads_as_its_preset() -> None:
+    from trainplan.models import load_model
+    from trainplan.models.hf import from_hf_config
+    from trainplan.models.params import count_params
+
+    spec = from_hf_config(OPT_1_3B_CONFIG, "opt-1.3b")
+    preset = load_model("opt-1.3b")
+    assert count_params(spec).total == count_params(preset).total
+    assert (spec.activation, spec.position, spec.tied_embeddings, spec.mlp_bias) == (
+        "relu",
+        "learned",
+        True,
+        True,
+    )
+    # facebook/opt-1.3b has 1,315,758,080 parameters; the 2 offset rows of its position table are not counted
+    assert count_params(preset).total == 1_315_758_080 - 2 * 2048
+    assert any("offset 2" in n for n in spec.notes)
+
+
+def test_opt_350m_embedding_projection_is_refused() -> None:
+    from trainplan.errors import ModelError
+    from trainplan.models.hf import from_hf_config
+
+    cfg = {
+        **OPT_1_3B_CONFIG,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "ffn_dim": 4096,
+        "word_embed_proj_dim": 512,
+    }
+    with pytest.raises(ModelError) as err:
+        from_hf_config(cfg, "opt-350m")
+    assert err.value.field == "word_embed_proj_dim" and "project_in" in str(err.value)
+    with pytest.raises(ModelError, match="final LayerNorm"):
+        from_hf_config({**OPT_1_3B_CONFIG, "do_layer_norm_before": False}, "post-ln")

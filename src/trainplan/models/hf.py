@@ -278,7 +278,21 @@ _GPT2_IGNORED: Final = frozenset(
 )  # fmt: skip
 _NEOX_IGNORED: Final = frozenset({"rotary_pct", "rotary_emb_base", "classifier_dropout"})
 
-SUPPORTED_MODEL_TYPES: Final = (*_LLAMA_LIKE, "gpt2", "gpt_neox")
+_OPT_IGNORED: Final = frozenset(
+    {
+        "dropout",
+        "activation_dropout",
+        "layerdrop",
+        "init_std",
+        "prefix",
+        "output_projection",
+        "do_layer_norm_before",
+    }
+)
+"""OPT keys that do not change the parameters read here (``do_layer_norm_before``: the norms'
+place, pre- or post-LN; the final norm's presence is checked with ``word_embed_proj_dim``)."""
+
+SUPPORTED_MODEL_TYPES: Final = (*_LLAMA_LIKE, "gpt2", "gpt_neox", "opt")
 
 
 def _read_llama_like(r: _Reader, fam: _Family) -> dict[str, Any]:
@@ -389,6 +403,55 @@ def _read_gpt2(r: _Reader) -> dict[str, Any]:
     }
 
 
+def _read_opt(r: _Reader) -> dict[str, Any]:
+    """transformers models/opt (Zhang et al. 2022, "OPT", Table 1): ``q/k/v/out_proj`` and
+    ``fc1``/``fc2`` with biases (``enable_bias``, default true), ReLU MLP of ``ffn_dim``, two
+    LayerNorms per layer and a final one, learned positions, LM head tied to the embedding
+    (``OPTForCausalLM._tied_weights_keys``). ``word_embed_proj_dim`` other than ``hidden_size``
+    (OPT-350M: a 512-wide embedding with ``project_in`` / ``project_out``) and a model without its
+    final LayerNorm (post-LN ``do_layer_norm_before=false``, ``_remove_final_layer_norm``) are not
+    modelled: refused."""
+    hidden = r.req_int("hidden_size")
+    heads = r.req_int("num_attention_heads")
+    if hidden % heads:
+        raise r._fail("num_attention_heads", f"hidden_size {hidden} is not divisible by {heads} heads")
+    proj = r.maybe_int("word_embed_proj_dim")
+    if proj is not None and proj != hidden:
+        raise r._fail(
+            "word_embed_proj_dim",
+            f"{proj} ≠ hidden_size {hidden}: the embedding's project_in / project_out (OPT-350M) is not modelled",
+        )
+    if not r.opt_bool("do_layer_norm_before", True) or r.opt_bool("_remove_final_layer_norm", False):
+        raise r._fail("do_layer_norm_before", "an OPT decoder without its final LayerNorm is not modelled")
+    act = r.opt_str("activation_function", "relu")
+    bias = r.opt_bool("enable_bias", True)
+    if not r.opt_bool("layer_norm_elementwise_affine", True):
+        raise r._fail("layer_norm_elementwise_affine", "LayerNorms without weights are not modelled")
+    return {
+        "num_layers": r.req_int("num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": hidden // heads,
+        "ffn_hidden": r.req_int("ffn_dim"),
+        "vocab_size": r.req_int("vocab_size"),
+        "activation": _activation(r, "activation_function", act, gated=False),
+        "norm": "layernorm",
+        "position": "learned",
+        "tied_embeddings": r.opt_bool("tie_word_embeddings", True),
+        "max_seq_len": r.req_int("max_position_embeddings", "it sizes the learned position table"),
+        "qkv_bias": bias,
+        "attn_out_bias": bias,
+        "mlp_bias": bias,
+    }
+
+
+OPT_POSITION_NOTE: Final = (
+    "OPT's learned position table has 2 rows more than max_position_embeddings (offset 2, "
+    "OPTLearnedPositionalEmbedding): 2·hidden parameters not counted"
+)
+
+
 def _read_gpt_neox(r: _Reader) -> dict[str, Any]:
     """transformers models/gpt_neox: fused query_key_value, biases, two LayerNorms, parallel residual."""
     hidden = r.req_int("hidden_size")
@@ -452,12 +515,17 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, *, strict: bool = True, so
     elif model_type == "gpt_neox":
         ignored |= _NEOX_IGNORED
         kw = _read_gpt_neox(r)
+    elif model_type == "opt":
+        ignored |= _OPT_IGNORED
+        kw = _read_opt(r)
     else:
         fam = _LLAMA_LIKE[model_type]
         ignored |= fam.extra_ignored
         kw = _read_llama_like(r, fam)
 
     notes = _notes(cfg)
+    if model_type == "opt":
+        notes.append(OPT_POSITION_NOTE)
     unknown: list[str] = []
     for key in sorted(set(cfg) - r.used - ignored):
         if key in _UNMODELLED:
