@@ -227,9 +227,10 @@ def test_rlhf_validation_rows_are_predicted_and_the_fit_claim_reproduced() -> No
 
     all_rows = rows()
     assert {r.dataset for r in all_rows} == set(RLHF_DATASETS)
-    assert all(r.split == "validate" and r.source.startswith("https://") for r in all_rows)
+    assert all(r.source.startswith("https://") for r in all_rows)
+    assert [r.name for r in all_rows if r.split != "validate"] == ["openrlhf-bench-7b-openrlhf-train"]
     timing = validate_rlhf_dataset("rlhf_openrlhf_colocated")
-    assert len(timing.scored) == 9 and timing.passed
+    assert len(timing.scored) == 8 and timing.passed  # one row calibrates the deepspeed stack
     fits = validate_rlhf_dataset("rlhf_fit_claims")
     # torchtune's 4 × 7B on one A100, and OpenRLHF's 70B on 16 A100 in its own device groups.
     assert [r.name for r in fits.scored] == [
@@ -290,3 +291,26 @@ def test_tokens_per_s_counts_every_update_of_the_step() -> None:
     d = e.to_dict()
     assert d["throughput"]["tokens_per_s"] == pytest.approx(d["rlhf"]["tokens_per_s"])
     assert e.throughput.tokens_per_s == pytest.approx(64 * 1024 / e.time.step_s)
+
+
+def test_deepspeed_kappa_is_reproducible_from_its_named_rows() -> None:
+    """κ of the deepspeed stack (OpenRLHF, DeepSpeed-Chat) is fitted on the RL rows named in
+    calibrate.RLHF_CALIBRATION_SETS (split ``calibrate``) and re-fits to the stored value; the
+    other OpenRLHF training rows judge it: their MAPE is below the pytorch κ's."""
+    from trainplan.timing import calibrated_kappa, kappa_override
+    from trainplan.validate import calibrate
+    from trainplan.validate.rlhf import predict, rows
+
+    fit = calibrate.fit_generation("ampere", "deepspeed")
+    assert fit.rows == ("openrlhf-bench-7b-openrlhf-train",)
+    assert calibrated_kappa("a100-80gb", "deepspeed") == pytest.approx(fit.kappa, abs=2e-3)
+    assert calibrated_kappa("a100-80gb", "deepspeed") < calibrated_kappa("a100-80gb", "pytorch")
+    judged = [r for r in rows() if r.metric == "train_s" and r.split == "validate"]
+    assert len(judged) == 7
+
+    def mape() -> float:
+        return sum(abs(predict(r) / r.published - 1) for r in judged) / len(judged)
+
+    with kappa_override("deepspeed", "ampere", calibrated_kappa("a100-80gb", "pytorch") or 1.0):
+        as_pytorch = mape()
+    assert mape() < as_pytorch - 0.10

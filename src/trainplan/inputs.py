@@ -482,8 +482,8 @@ RECIPE_FIELDS: Final = (
         group="recipe",
         choices=STACKS,
         help="training software, for the calibrated compute efficiency: megatron (Megatron-Core, NeMo, "
-        "Megatron Bridge) or pytorch (torchtitan, torchtune, FSDP/FSDP2, llm-foundry, Accelerate) "
-        "(default: the engine's)",
+        "Megatron Bridge), pytorch (torchtitan, torchtune, FSDP/FSDP2, llm-foundry, Accelerate) or "
+        "deepspeed (DeepSpeed ZeRO on transformers modules: OpenRLHF, DeepSpeed-Chat) (default: the engine's)",
     ),
     _engine_switch(
         "recompute_early_stop",

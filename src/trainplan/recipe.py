@@ -33,8 +33,11 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 # The training software, which sets the calibrated compute factor κ (``timing.calibrated_kappa``):
 # "megatron" — Megatron-LM / Megatron-Core and what runs on it (NeMo, Megatron Bridge), with
 # Transformer Engine's fused kernels; "pytorch" — stacks built on PyTorch's own modules and
-# FSDP (torchtitan, torchtune, llm-foundry / Composer, Accelerate, plain FSDP2 / DDP).
-Stack = Literal["megatron", "pytorch"]
+# FSDP (torchtitan, torchtune, llm-foundry / Composer, Accelerate, plain FSDP2 / DDP);
+# "deepspeed" — DeepSpeed ZeRO engines on Hugging Face transformers modules (OpenRLHF,
+# DeepSpeed-Chat, TRL / Accelerate with DeepSpeed), κ fitted on the RL rows named in
+# validate/calibrate.py (RLHF_CALIBRATION_SETS).
+Stack = Literal["megatron", "pytorch", "deepspeed"]
 
 # RLHF / preference training (trainplan.rlhf): how the actor is trained, where its reference comes
 # from, and how the models share the devices.

@@ -41,10 +41,12 @@ Sec. 2.2; Qi et al. 2023 for zero bubble)::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Final, Protocol
@@ -124,6 +126,28 @@ def _calibration() -> dict[tuple[str, str], float]:
     }
 
 
+_KAPPA_OVERRIDE: ContextVar[tuple[tuple[str, str, float], ...]] = ContextVar("kappa_override", default=())
+
+
+@contextlib.contextmanager
+def kappa_override(stack: str, generation: str, kappa: float) -> Iterator[None]:
+    """Evaluate with κ[stack, generation] = ``kappa`` inside the block: ``validate/calibrate.py``
+    fits a stack on rows predicted through the whole estimate (the RL step's updates), where no
+    ``kappa`` argument reaches ``step_time``."""
+    token = _KAPPA_OVERRIDE.set((*_KAPPA_OVERRIDE.get(), (stack, generation, kappa)))
+    try:
+        yield
+    finally:
+        _KAPPA_OVERRIDE.reset(token)
+
+
+def _overridden(stack: str, generation: str) -> float | None:
+    for st, gen, k in reversed(_KAPPA_OVERRIDE.get()):
+        if (st, gen) == (stack, generation):
+            return k
+    return None
+
+
 def stack_ratio(stack: str) -> float | None:
     """Geometric mean of κ[stack] / κ[megatron] over the generations where both are fitted."""
     cal = _calibration()
@@ -139,7 +163,7 @@ def kappa_source(accelerator_name: str, stack: str = "megatron") -> str:
     """How :func:`calibrated_kappa` got its value: "fitted", "ratio" or "none"."""
     gen = GENERATION.get(accelerator_name, "")
     cal = _calibration()
-    if (stack, gen) in cal:
+    if (stack, gen) in cal or _overridden(stack, gen) is not None:
         return "fitted"
     if ("megatron", gen) in cal and stack_ratio(stack) is not None:
         return "ratio"
@@ -155,6 +179,9 @@ def calibrated_kappa(accelerator_name: str, stack: str = "megatron") -> float | 
     """
     gen = GENERATION.get(accelerator_name, "")
     cal = _calibration()
+    over = _overridden(stack, gen)
+    if over is not None:
+        return over
     if (stack, gen) in cal:
         return cal[(stack, gen)]
     base = cal.get(("megatron", gen))

@@ -59,6 +59,15 @@ CALIBRATION_SETS: dict[tuple[str, str], tuple[tuple[str, Callable[[TimingRow], b
 }
 """(stack, generation) -> the datasets and rows κ is fitted on (the calibration split)."""
 
+RLHF_CALIBRATION_SETS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("deepspeed", "ampere"): ("openrlhf-bench-7b-openrlhf-train",),
+}
+"""(stack, generation) -> RL rows of ``validate/data/rlhf_colocated.csv`` (split ``calibrate``)
+κ is fitted on. DeepSpeed: OpenRLHF's colocated Llama-2-7B training phase on one 8-GPU server
+(actor and critic ZeRO-3 updates, no cross-node communication); every other OpenRLHF and
+DeepSpeed-Chat row judges it. There are no DeepSpeed training-throughput rows outside RL
+here; generations without rows take the Megatron κ times the deepspeed/Megatron ratio."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Fit:
@@ -87,13 +96,8 @@ def _log_errors(rows: Sequence[TimingRow], kappa: float) -> list[float]:
     return errs
 
 
-def fit_generation(generation: str, stack: str = "megatron") -> Fit:
-    """κ minimising Σ log²(predicted/published) over the generation's calibration rows (golden section)."""
-    rows = calibration_rows(generation, stack)
-
-    def loss(kappa: float) -> float:
-        return sum(e * e for e in _log_errors(rows, kappa))
-
+def _golden(loss: Callable[[float], float]) -> float:
+    """The κ in [0.2, 1.5] minimising ``loss`` (golden-section search, 40 steps), to 4 decimals."""
     lo, hi = 0.2, 1.5
     g = (math.sqrt(5.0) - 1.0) / 2.0
     a, b = hi - g * (hi - lo), lo + g * (hi - lo)
@@ -107,7 +111,43 @@ def fit_generation(generation: str, stack: str = "megatron") -> Fit:
             lo, a, fa = a, b, fb
             b = lo + g * (hi - lo)
             fb = loss(b)
-    kappa = round((lo + hi) / 2.0, 4)
+    return round((lo + hi) / 2.0, 4)
+
+
+def _rlhf_log_errors(stack: str, generation: str, kappa: float) -> list[float]:
+    from trainplan.timing import kappa_override
+    from trainplan.validate.rlhf import predict, rows
+
+    chosen = [r for r in rows() if r.name in RLHF_CALIBRATION_SETS[(stack, generation)]]
+    with kappa_override(stack, generation, kappa):
+        return [math.log(predict(r) / r.published) for r in chosen]
+
+
+def fit_rlhf_generation(generation: str, stack: str) -> Fit:
+    """κ of ``stack`` minimising Σ log²(predicted/published) over its RL calibration rows, each
+    predicted through the whole RL estimate (``validate.rlhf.predict``) under
+    :func:`trainplan.timing.kappa_override`."""
+    kappa = _golden(lambda k: sum(e * e for e in _rlhf_log_errors(stack, generation, k)))
+    errs = _rlhf_log_errors(stack, generation, kappa)
+    return Fit(
+        stack=stack,
+        generation=generation,
+        kappa=kappa,
+        rows=RLHF_CALIBRATION_SETS[(stack, generation)],
+        residual_log_rms=math.sqrt(sum(e * e for e in errs) / len(errs)),
+    )
+
+
+def fit_generation(generation: str, stack: str = "megatron") -> Fit:
+    """κ minimising Σ log²(predicted/published) over the generation's calibration rows (golden section)."""
+    if (stack, generation) in RLHF_CALIBRATION_SETS:
+        return fit_rlhf_generation(generation, stack)
+    rows = calibration_rows(generation, stack)
+
+    def loss(kappa: float) -> float:
+        return sum(e * e for e in _log_errors(rows, kappa))
+
+    kappa = _golden(loss)
     errs = _log_errors(rows, kappa)
     rms = math.sqrt(sum(e * e for e in errs) / len(errs)) if errs else 0.0
     return Fit(
@@ -145,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--write", action="store_true", help="store the fit in hardware/data/calibration.toml"
     )
     args = parser.parse_args(argv)
-    fits = [fit_generation(g, st) for st, g in CALIBRATION_SETS]
+    fits = [fit_generation(g, st) for st, g in (*CALIBRATION_SETS, *RLHF_CALIBRATION_SETS)]
     for f in fits:
         print(
             f"{f.stack:9s} {f.generation:10s} kappa={f.kappa:.4f}  rows={len(f.rows)}  "
