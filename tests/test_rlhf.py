@@ -58,7 +58,7 @@ def test_lora_actor_sharing_its_base_with_the_reference_saves() -> None:
     assert lora.rlhf.per_device_bytes < full.rlhf.per_device_bytes
 
 
-def test_offloading_between_phases_saves_memory_not_time() -> None:
+def test_offloading_between_phases_saves_memory_and_costs_the_reloads() -> None:
     resident = _est("ppo")
     offload = _est("ppo", placement="offload-between-phases")
     assert offload.rlhf.per_device_bytes < resident.rlhf.per_device_bytes
@@ -67,7 +67,15 @@ def test_offloading_between_phases_saves_memory_not_time() -> None:
     assert offload.to_dict()["memory"]["host_fits"] is offload.rlhf.host_fits is True
     big = estimate("llama-2-70b", method="ppo", **{**BASE, "placement": "offload-between-phases"})
     assert big.rlhf.host_fits is False and any("host memory" in r for r in big.reasons())
-    assert offload.time.step_s == resident.time.step_s
+    # The time is the resident step's plus the reloads: every phase's models (not the KV cache)
+    # back over the host link once per step.
+    models = offload.rlhf.models
+    reloaded = sum(v for n, v in models.items() if n != "rollout KV cache")
+    link = offload.system.accelerator.host_link
+    assert link is not None and resident.time.phase_reload_s == 0
+    assert offload.time.phase_reload_s == pytest.approx(reloaded / link.bandwidth_bytes_per_s)
+    assert offload.time.step_s == pytest.approx(resident.time.step_s + offload.time.phase_reload_s)
+    assert offload.rlhf.split_s(offload.time)["reload"] == offload.time.phase_reload_s
 
 
 def test_removing_the_reference_never_increases_memory() -> None:
@@ -263,7 +271,7 @@ def test_cli_shows_memory_per_model_and_phase_and_the_step_split(capsys: pytest.
     assert "RL step split: rollout" in out and "<- peak" in out
     assert main([*argv, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert set(d["rlhf"]["split_s"]) == {"rollout", "scoring", "training", "sync"}
+    assert set(d["rlhf"]["split_s"]) == {"rollout", "scoring", "training", "sync", "reload"}
     assert d["rlhf"]["per_device_bytes"] == d["memory"]["per_device_bytes"]
 
 

@@ -336,6 +336,7 @@ def estimate(
             scoring_s=t["scoring_s"],
             critic_update_s=t["critic_update_s"],
             weight_sync_s=t["weight_sync_s"],
+            phase_reload_s=t["phase_reload_s"],
             notes=(*time.notes, *rl.notes),
         )
     thr = throughput(system, model, recipe, layout, time)

@@ -489,6 +489,19 @@ def rollout(
     )
 
 
+def phase_reload_s(system: System, reloaded_bytes_per_device: float) -> float:
+    """Offload between phases: the bytes each phase loads back onto a device (its models' weights
+    or training states; the KV cache is freed and reallocated, not copied) over the host link,
+    once per step (vLLM ``LLM.sleep(level=1)`` / ``wake_up``: weights to CPU memory and back;
+    DeepSpeed ``offload_states`` / ``reload_states`` in OpenRLHF ``--deepspeed_enable_sleep``).
+    The copy out of one phase runs in the other direction of the full-duplex link while the next
+    phase's copy comes in: the loads alone are timed."""
+    link = system.accelerator.host_link
+    if link is None or reloaded_bytes_per_device == 0:
+        return 0.0
+    return reloaded_bytes_per_device / link.bandwidth_bytes_per_s
+
+
 def gather_s(system: System, gathered_bytes: float, group: int) -> float:
     """All-gather of ``gathered_bytes`` (the output: the whole engine shard) over ``group``
     consecutive ranks: ``comm.Network.time_s`` (NCCL ring, two levels when the group spans
@@ -615,13 +628,14 @@ class RLHFEstimate:
         return out
 
     def split_s(self, time: TimeBreakdown) -> dict[str, float]:
-        """The RL step as rollout / scoring / training (actor + critic) / sync seconds."""
+        """The RL step as rollout / scoring / training (actor + critic) / sync / reload seconds."""
         t = self.time_terms
         return {
             "rollout": t["rollout_prefill_s"] + t["rollout_decode_s"],
             "scoring": t["scoring_s"],
             "training": time.step_s - sum(t.values()) + t["critic_update_s"],
             "sync": t["weight_sync_s"],
+            "reload": t["phase_reload_s"],
         }
 
     def to_dict(self, time: TimeBreakdown) -> dict[str, object]:
@@ -832,6 +846,7 @@ def estimate_disaggregated(
         # critic.fit.remote() runs while the actor trains and syncs (ActorPPOTrainer.ppo_train)
         "critic_update_s": max(0.0, critic_s - actor_step_s - sync_s),
         "weight_sync_s": sync_s,
+        "phase_reload_s": 0.0,
     }
     group_mem: list[GroupMemory] = []
     phases: dict[str, list[tuple[str, float]]] = {}
@@ -1035,6 +1050,7 @@ def estimate_rlhf(
 
     phases: dict[str, list[tuple[str, float]]] = {}
     colocated = spec.placement == "colocated"
+    reload_s = 0.0
     trainers = [(actor_memory, "actor training states")]
     if critic_mem is not None:
         trainers.append((critic_mem, "critic training states"))
@@ -1081,9 +1097,19 @@ def estimate_rlhf(
         }
         waiting = max(resident_sum - sum(by_name.get(n, 0.0) for n in loaded[p]) for p in phases)
         host = waiting + actor_memory.host_bytes + (critic_mem.host_bytes if critic_mem else 0.0)
+        reloaded = sum(by_name.get(n, 0.0) for p in phases for n in loaded[p] if n != "rollout KV cache")
+        if ro is not None and not ro.engine_weights_bytes:
+            reloaded += actor_memory.weights_bytes  # the engine runs on the actor's weights
+        reload_s = phase_reload_s(system, reloaded)
         notes.append(
             "offload-between-phases: each phase loads only its own models; the others wait in host "
-            "memory (vLLM sleep mode, DeepSpeed / OpenRLHF sleep, verl param offload); reload time not counted"
+            "memory (vLLM sleep mode, DeepSpeed / OpenRLHF sleep, verl param offload); reloads over the "
+            "host link are a term of their own"
+            + (
+                ""
+                if system.accelerator.host_link is not None
+                else " (no host link in the catalog: not timed)"
+            )
         )
 
     # Time terms.
@@ -1107,6 +1133,7 @@ def estimate_rlhf(
         "weight_sync_s": weight_sync_s(system, sync_bytes, layout.shard_group if layout.zero == 3 else 1)
         if sync_bytes
         else 0.0,
+        "phase_reload_s": reload_s,
     }
     notes.extend(step_notes(spec, updates))
     return RLHFEstimate(

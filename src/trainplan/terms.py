@@ -148,6 +148,13 @@ TIME_TERMS: Final[tuple[Term, ...]] = (
         group="sync",
         source="ring all-gather of the engine shard over the scale-up link (Thakur et al. 2005); rlhf.weight_sync_s",
     ),
+    Term(
+        key="phase_reload_s",
+        label="models reloaded between phases (host link)",
+        group="offload",
+        source="bytes each phase loads back over the host link (vLLM sleep / wake_up, DeepSpeed reload_states); "
+        "rlhf.phase_reload_s",
+    ),
 )
 """The step-time terms in the order ``step_s`` adds them."""
 
@@ -168,6 +175,7 @@ RLHF_TERM_KEYS: Final = (
     "scoring_s",
     "critic_update_s",
     "weight_sync_s",
+    "phase_reload_s",
 )
 """The terms only an RLHF step has (0 in a training step)."""
 

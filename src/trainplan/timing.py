@@ -228,6 +228,7 @@ class TimeBreakdown:
     scoring_s: float = 0.0
     critic_update_s: float = 0.0
     weight_sync_s: float = 0.0
+    phase_reload_s: float = 0.0
     collectives: tuple[Collective, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
