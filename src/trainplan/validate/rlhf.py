@@ -3,18 +3,22 @@
 ``data/rlhf_colocated.csv`` holds one row per published number with the configuration it was run
 under: the OpenRLHF benchmark (``benchmark/README.md`` @0baf3dd4, March 2024: generation,
 training and end-to-end seconds of one 1,024-prompt PPO rollout batch, every model on the same 8
-A800-80GB) and fit claims (a config said to run on its devices). Two datasets:
+A800-80GB, or a device group per model) and fit claims (a config said to run on its devices).
+Three datasets:
 
 * ``rlhf_openrlhf_colocated`` (metric seconds): ``gen_s`` is compared with rollout + scoring (the
   benchmark's generation phase is OpenRLHF's ``make_experience``: generation and the reference,
-  reward and critic forwards), ``train_s`` with the actor and critic updates, ``step_s`` with the
-  whole RL step;
+  reward and critic forwards), ``train_s`` with the actor and critic updates (+ weight sync),
+  ``step_s`` with the whole RL step;
+* ``rlhf_openrlhf_disaggregated``: the same metrics for the benchmark's Ray runs, a device group
+  per model (:mod:`trainplan.rlhf_groups`);
 * ``rlhf_fit_claims``: predicted fits or not, error 0 when the claim is reproduced, −1 when not.
 
-No parameter of the RLHF model is fitted: every row is a ``validate`` row (there is no calibration
-split). The step's compute uses the ``pytorch`` stack's κ, fitted on that stack's own calibration
-rows (docs/timing.md). The A800 is an A100-80GB with NVLink cut to 400 GB/s (200 GB/s one
-direction, NVIDIA A800 datasheet): ``scale_up_bytes_per_s`` overrides the catalog link.
+One row is a ``calibrate`` row: ``openrlhf-bench-7b-openrlhf-train`` fits the ``deepspeed``
+stack's κ (``validate/calibrate.py`` ``RLHF_CALIBRATION_SETS``; OpenRLHF and DeepSpeed-Chat train
+with DeepSpeed ZeRO-3 on transformers modules); every other row validates. The A800 is an
+A100-80GB with NVLink cut to 400 GB/s (200 GB/s one direction, NVIDIA A800 datasheet):
+``scale_up_bytes_per_s`` overrides the catalog link.
 Generation lengths are the benchmark's maxima (1,024); responses that stop at EOS make the
 published generation faster than a maximum-length rollout.
 """
@@ -45,7 +49,8 @@ RLHF_DATASETS: Final[dict[str, tuple[float, str]]] = {
 """Each dataset's enforced MAPE bound (a regression guard at today's accuracy) and description."""
 
 SOURCE: Final = (
-    "OpenRLHF benchmark/README.md @0baf3dd4; torchtune mistral/7B_full_ppo_low_memory.yaml @000bb70f"
+    "OpenRLHF benchmark/README.md @0baf3dd4; OpenRLHF examples/scripts/train_ppo_llama_ray_70b.sh @391e1de4; "
+    "torchtune mistral/7B_full_ppo_low_memory.yaml @000bb70f"
 )
 
 
@@ -155,7 +160,11 @@ def predict(row: RLHFRow) -> float:
 
 
 def _assumptions(row: RLHFRow) -> tuple[str, ...]:
-    out = [f"{row.fields['rollout_engine']} engine", f"train batch {row.fields['train_batch']}"]
+    out = [
+        f"{row.fields['stack']} stack",
+        f"{row.fields['rollout_engine']} engine",
+        f"train batch {row.fields['train_batch']}",
+    ]
     if "groups" in row.fields:
         out.append(f"groups {row.fields['groups']}")
     if row.scale_up_bytes_per_s is not None:
