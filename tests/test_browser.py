@@ -270,3 +270,52 @@ def test_page_upload_and_errors(
     wait(drv, lambda d: settled(d) and body_data(d, "estimate") == "error", "the error")
     assert drv.find_element("id", "error").text.startswith("devices:")
     assert "bad" in drv.find_element("id", "f-devices").get_attribute("class")
+
+
+def test_page_rl_fields_estimate_an_rl_job(
+    driver: Any, server: TrainplanServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The RL fieldset (schema group ``rlhf``) sends its settings; the page shows the RL job's
+    memory and step, equal to ``trainplan estimate --method ppo``'s."""
+    drv = driver
+    drv.get(server.url)
+    wait(drv, lambda d: body_data(d, "ready") == "yes" and settled(d), "the page to load")
+    assert drv.find_elements("css selector", "#group-rlhf #f-placement")
+    drv.execute_script("document.getElementById('group-rl').open = true;")
+    drv.execute_script("document.getElementById('group-more').open = true;")
+    set_field(drv, "model", "llama-2-7b")
+    set_field(drv, "hardware", "h100-sxm")
+    set_field(drv, "f-devices", "8")
+    set_field(drv, "f-zero", "3")
+    set_field(drv, "f-global_batch", "64")
+    set_field(drv, "f-method", "ppo")
+    set_field(drv, "f-placement", "disaggregated")
+    set_field(drv, "f-groups", "actor=2,critic=2,ref=1,reward=1,rollout=2")
+    drv.find_element("id", "estimate-btn").click()
+    want = cli_json(
+        capsys,
+        "estimate",
+        "llama-2-7b",
+        "--hardware",
+        "h100-sxm",
+        "--devices",
+        "8",
+        "--zero",
+        "3",
+        "--global-batch",
+        "64",
+        "--method",
+        "ppo",
+        "--placement",
+        "disaggregated",
+        "--groups",
+        "actor=2,critic=2,ref=1,reward=1,rollout=2",
+    )
+    wait(
+        drv,
+        lambda d: (
+            settled(d) and d.find_element("id", "step-time").text == fmt_duration(want["time"]["step_s"])
+        ),
+        "the RL job's estimate",
+    )
+    assert drv.find_element("id", "mem-total").text == f"{want['memory']['per_device_bytes'] / 1e9:.2f} GB"
