@@ -115,3 +115,17 @@ def test_group_splits_add_up_and_hold_every_model() -> None:
 def test_groups_without_disaggregated_are_refused_in_plan() -> None:
     with pytest.raises(TrainplanError, match="disaggregated"):
         plan("llama-2-7b", hardware="h100-sxm", devices="8", placement="colocated", groups="actor=8", **JOB)
+
+
+def test_choose_ranks_rl_placements(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from trainplan.cli import main
+
+    argv = ["choose", "llama-2-7b", "--hardware", "h100-sxm", "--devices", "8", "--tokens", "1e8"]
+    argv += ["--method", "ppo", "--seq-len", "1024", "--global-batch", "64", "--placement", "colocated"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "coloc dp8 z3" in out and "RL candidates" in out
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)

@@ -1031,6 +1031,7 @@ CHOOSE_FIELDS: Final = (
     *(f for f in SEARCH_FIELDS if f.name != "objective"),
     *open_for_search(RECIPE_FIELDS),
     *LAYOUT_OPTION_FIELDS,
+    *RLHF_FIELDS,
     *COST_FIELDS,
     *GOODPUT_FIELDS,
 )

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.ownership import Ownership, default_node_price
+from trainplan.planner.command import layout_cell
 from trainplan.planner.search import Plan, PlanResult
 
 
@@ -121,7 +122,7 @@ class Choice:
             )
             ties = self._tie(best, key)
             lines.append(
-                f"{name}: {best.plan.label} {best.plan.estimate.layout.describe()} — {what}"
+                f"{name}: {best.plan.label} {layout_cell(best.plan)} — {what}"
                 + ("" if best.calibrated else " [uncalibrated]")
                 + (f"; ties within error with {', '.join(ties)}" if ties else "")
             )
@@ -155,7 +156,7 @@ class Choice:
         )
         for o in self.options:
             lines.append(
-                f" {o.plan.label:18s} {o.plan.estimate.layout.describe()[:34]:34s} {_hours(o.time_s):>10s} "
+                f" {o.plan.label:18s} {layout_cell(o.plan)[:34]:34s} {_hours(o.time_s):>10s} "
                 f"{_hours(o.time_band[0]) + ' … ' + _hours(o.time_band[1]):>21s} "
                 f"{_usd(o.cost_usd):>10s} {_usd(o.owned_usd):>10s}  {'yes' if o.calibrated else 'no'}"
             )

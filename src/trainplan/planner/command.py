@@ -274,7 +274,8 @@ def band_cell(p: Plan) -> str:
     return text if b.calibrated else f"uncal {text}"
 
 
-def _layout_cell(p: Plan) -> str:
+def layout_cell(p: Plan) -> str:
+    """A plan's layout: the training layout, or an RL job's placement (:func:`trainplan.planner.rlhf.describe`)."""
     from trainplan.planner.rlhf import describe
 
     return p.estimate.layout.describe() if p.estimate.rlhf is None else describe(p.estimate)
@@ -293,7 +294,7 @@ def _row(p: Plan, tag: str = "") -> str:
     kwh = "-" if run.energy_kwh is None else f"{run.energy_kwh:,.0f}"
     rank = tag or str(p.rank)
     return (
-        f"{rank:>2} {p.label:16s} {_layout_cell(p):34s} {recipe:24s} "
+        f"{rank:>2} {p.label:16s} {layout_cell(p):34s} {recipe:24s} "
         f"{fmt_bytes(mem):>9s} {fmt_duration(e.time.step_s):>9s} {band_cell(p):>17s} "
         f"{e.throughput.tokens_per_s:>10,.0f} {100 * e.throughput.mfu:>4.1f}% {time_s:>10s} {cost:>10s} {kwh:>8s}"
         f"  {run.price_label}"
@@ -303,7 +304,7 @@ def _row(p: Plan, tag: str = "") -> str:
 def _explain(p: Plan) -> list[str]:
     e = p.estimate
     lines = [
-        f"  {p.label} — {_layout_cell(p)}:",
+        f"  {p.label} — {layout_cell(p)}:",
         f"    band: step {e.step_band.label()}; memory {e.memory_band.label()}; {e.fit_verdict}"
         + ("; ties within error with the plan ranked above" if p.tie_within_error else ""),
     ]
