@@ -116,61 +116,8 @@ def _predict(
 
 
 def rlhf_spec(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> RLHFSpec | None:
-    """The :class:`~trainplan.rlhf.RLHFSpec` the RLHF fields describe (``None`` for other methods,
-    where any RLHF field given is an error naming it)."""
-    from trainplan.rlhf import RLHFSpec, is_rlhf, seq_lengths
-    from trainplan.rlhf_groups import parse_groups
-
-    given = [f.name for f in inputs.RLHF_FIELDS if values.get(f.name) not in (None, False)]
-    method = recipe.method
-    if not is_rlhf(method):
-        if given:
-            raise TrainplanError(
-                given[0],
-                f"--{given[0].replace('_', '-')} is an RLHF setting; use --method ppo, grpo, dpo or rm "
-                f"(the method is {method})",
-            )
-        return None
-    rollout = method in ("ppo", "grpo")
-    reward = values.get("reward_model")
-    if reward is None:
-        reward_model = policy if rollout else None
-    elif reward == "none":
-        reward_model = None
-    else:
-        reward_model = _model(reward)
-    critic = values.get("critic_model")
-    actor: Any = values.get("actor") or "full"
-    prompt, gen = seq_lengths(method, recipe.seq_len, values.get("prompt_len"), values.get("gen_len"))
-    optional: dict[str, Any] = {
-        k: values[k]
-        for k in (
-            "group_size",
-            "rollout_tp",
-            "rollout_engine_mem_fraction",
-            "rollout_concurrency",
-            "train_batch",
-        )
-        if values.get(k) is not None
-    }
-    if values.get("placement") == "disaggregated" and values.get("rollout_engine_mem_fraction") is None:
-        from trainplan.planner.rlhf import DEDICATED_ENGINE_MEM_FRACTION
-
-        optional["rollout_engine_mem_fraction"] = DEDICATED_ENGINE_MEM_FRACTION
-    return RLHFSpec(
-        method=method,
-        actor=actor,
-        lora=inputs.build_lora(values) if actor != "full" else None,
-        reward_model=reward_model if not (method in ("dpo", "rm") and reward is None) else None,
-        critic_model=_model(critic) if critic is not None else None,
-        reference=values.get("reference") or ("none" if method == "rm" else "model"),
-        prompt_len=prompt,
-        gen_len=gen,
-        rollout_engine=values.get("rollout_engine") or "vllm",
-        placement=values.get("placement") or "colocated",
-        groups=parse_groups(values["groups"]) if values.get("groups") else (),
-        **optional,
-    )
+    """The :class:`~trainplan.rlhf.RLHFSpec` the RLHF fields describe (:func:`trainplan.inputs.build_rlhf`)."""
+    return inputs.build_rlhf(values, policy, recipe)
 
 
 def estimate(

@@ -46,6 +46,11 @@ ROLES: Final = ("actor", "critic", "ref", "reward", "rollout")
 """The models a group can hold: the trained actor and critic, the frozen reference and reward
 model, and the rollout engine."""
 
+DEDICATED_ENGINE_MEM_FRACTION: Final = 0.9
+"""The rollout engine's memory fraction on devices of its own: vLLM's default
+``gpu_memory_utilization`` (``vllm/config.py`` ``CacheConfig``; OpenRLHF's 70B script leaves it
+unset)."""
+
 _PART = re.compile(r"^(?P<roles>[a-z+]+)=(?P<devices>\d+)(?P<opts>(:[a-z]+\d+)*)$")
 
 
@@ -203,6 +208,7 @@ def actor_placement(
 
 
 __all__ = [
+    "DEDICATED_ENGINE_MEM_FRACTION",
     "ROLES",
     "DeviceGroup",
     "actor_placement",

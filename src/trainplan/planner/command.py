@@ -18,6 +18,7 @@ from trainplan.inputs import (
     build_layout_options,
     build_recipe,
     build_reliability,
+    build_rlhf,
     engine_settings,
     fill_defaults,
     host_memory_bytes,
@@ -129,7 +130,6 @@ def rlhf_from_values(
 ) -> PlanResult:
     """An RL job's plan (:mod:`trainplan.planner.rlhf`): the RL fields fix the job's models;
     placement, rollout TP and groups not given are searched."""
-    from trainplan.api import rlhf_spec
     from trainplan.planner.rlhf import plan_rlhf
     from trainplan.rlhf_groups import parse_groups
 
@@ -138,7 +138,7 @@ def rlhf_from_values(
         raise TrainplanError(
             "groups", "device groups are for --placement disaggregated; add it or drop --groups"
         )
-    spec = rlhf_spec({**values, "placement": None, "groups": None}, model, recipe)
+    spec = build_rlhf({**values, "placement": None, "groups": None}, model, recipe)
     assert spec is not None
     return plan_rlhf(
         values,

@@ -50,14 +50,11 @@ from trainplan.planner.search import (
 from trainplan.predict import Estimate, estimate
 from trainplan.recipe import Recipe, RLHFPlacement
 from trainplan.rlhf import ROLLOUT_METHODS, RLHFSpec
-from trainplan.rlhf_groups import DeviceGroup
+from trainplan.rlhf_groups import DEDICATED_ENGINE_MEM_FRACTION, DeviceGroup
 
 MAX_RL_DEVICES: Final = 64
 """The default ladder's top for RL jobs (each candidate is a scalar estimate); ``--devices``
 names larger counts."""
-DEDICATED_ENGINE_MEM_FRACTION: Final = 0.9
-"""vLLM's default ``gpu_memory_utilization`` (``vllm/config.py`` ``CacheConfig``): the engine on
-devices of its own (OpenRLHF ``--vllm_gpu_memory_utilization`` leaves it unset in the 70B script)."""
 
 
 def _pow2(upto: int) -> list[int]:
