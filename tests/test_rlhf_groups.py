@@ -161,3 +161,12 @@ def test_parse_groups_reads_layouts_and_joins() -> None:
     assert [x.roles for x in g] == [("actor", "ref"), ("critic",), ("rollout",)]
     assert (g[0].tp, g[0].zero, g[1].pp) == (2, 3, 2)
     assert g[0].describe() == "actor+ref=4:tp2:zero3"
+
+
+def test_lora_actor_base_as_reference_needs_no_reference_group() -> None:
+    """With --reference lora-base the reference is the actor's frozen base: no group of its own,
+    its forward runs on the actor's group after the old-policy one."""
+    lora = _small("actor=2,critic=2,reward=1,rollout=2", 7, actor="lora", reference="lora-base")
+    assert lora.rlhf is not None and "ref" not in {g.label for g in lora.rlhf.groups}
+    with pytest.raises(TrainplanError, match="no ref"):
+        _small("actor=2,critic=2,ref=1,reward=1,rollout=2", 8, actor="lora", reference="lora-base")

@@ -793,24 +793,18 @@ def estimate_disaggregated(
         host = max(host, cmem.host_bytes)
         host_of[g.label] = cmem.host_bytes
     for sm in scored_models(policy, spec):
-        role = {"reference": "ref", "reward model": "reward"}.get(
-            sm.role, "critic" if sm.role == "critic values" else "actor"
-        )
-        if sm.role == "reference" and not sm.resident:
-            role = "actor"  # the LoRA actor's base, adapters disabled
-        g, sys_g, lay_g = on(role)
+        g, sys_g, lay_g = on(group_role(sm))
         lay_g.check_model(sm.model)
-        sfrozen = frozen
         lay_g.check_batch(
-            seq_len=sfrozen.seq_len, micro_batch=sfrozen.micro_batch, global_batch=sfrozen.global_batch
+            seq_len=frozen.seq_len, micro_batch=frozen.micro_batch, global_batch=frozen.global_batch
         )
         if sm.resident:
-            w = memory_breakdown(sm.model, sfrozen, lay_g).weights_bytes
+            w = memory_breakdown(sm.model, frozen, lay_g).weights_bytes
             resident[g.label].append((f"{sm.role} weights (frozen)", w))
             models[f"{sm.role} weights (frozen)"] = w
-        forwards_s[g.label] += _forward_s(sys_g, sm.model, sfrozen, lay_g)
-        scoring_flops += _forward_flops(sm.model, sfrozen, lay_g)
-        logits = logits_bytes(sm.model, sfrozen, lay_g)[0]
+        forwards_s[g.label] += _forward_s(sys_g, sm.model, frozen, lay_g)
+        scoring_flops += _forward_flops(sm.model, frozen, lay_g)
+        logits = logits_bytes(sm.model, frozen, lay_g)[0]
         held = transient[g.label].get("scoring", [("", 0.0)])[0][1]
         transient[g.label]["scoring"] = [("log-prob logits (FP32, one micro-batch)", max(logits, held))]
     g_roll = group_of(groups, "rollout")
@@ -896,6 +890,15 @@ def estimate_disaggregated(
         notes=tuple(notes),
         groups=tuple(group_mem),
     )
+
+
+def group_role(sm: ScoredModel) -> str:
+    """The device group (``rlhf_groups.ROLES``) that runs a scoring forward: the reference's and
+    the reward model's own, the critic's values on the critic, the old-policy log-probs and a
+    LoRA actor's base-as-reference (adapters disabled) on the actor."""
+    if sm.role == "reference":
+        return "ref" if sm.resident else "actor"
+    return {"reward model": "reward", "critic values": "critic"}.get(sm.role, "actor")
 
 
 def broadcast_sync_s(
