@@ -129,3 +129,9 @@ def test_choose_ranks_rl_placements(capsys: pytest.CaptureFixture[str]) -> None:
     assert "coloc dp8 z3" in out and "RL candidates" in out
     assert main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)
+
+
+def test_memory_margin_is_refused_for_rl_plans() -> None:
+    with pytest.raises(TrainplanError) as err:
+        plan("llama-2-7b", hardware="h100-sxm", devices="8", memory_margin=0.1, **JOB)
+    assert err.value.field == "memory_margin"

@@ -133,6 +133,12 @@ def rlhf_from_values(
     from trainplan.planner.rlhf import plan_rlhf
     from trainplan.rlhf_groups import parse_groups
 
+    if values.get("memory_margin"):
+        raise TrainplanError(
+            "memory_margin",
+            f"{recipe.method}: the margin is not applied to the RL phases' memory (actor, critic, reward, "
+            "reference, rollout), so it would be ignored there; plan RL jobs with --memory-margin 0",
+        )
     groups = parse_groups(values["groups"]) if values.get("groups") else ()
     if groups and values.get("placement") not in (None, "disaggregated"):
         raise TrainplanError(
