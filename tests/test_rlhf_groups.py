@@ -57,7 +57,7 @@ def test_openrlhf_70b_on_16_gpus_fits_with_a_small_kv_budget() -> None:
     # The engines: 70B over TP2 leaves 0.9 × capacity − 69 GB of KV cache per rank.
     ro = rl.rollout
     assert ro is not None and ro.engines == 2
-    cap = est.system.accelerator.memory_bytes
+    cap = est.system.accelerator.capacity_bytes
     assert ro.kv_budget_bytes == pytest.approx(0.9 * cap - ro.engine_weights_bytes)
     kv_seq = (
         2 * 80 * (8 // 2) * 128 * 2 * 2048

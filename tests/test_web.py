@@ -557,7 +557,7 @@ def test_form_has_an_rl_fieldset_driven_by_the_schema(server: TrainplanServer) -
     assert '"group-rlhf"' in app and 'spec["x-group"] === "rlhf"' in app
     # A choice without a default gets a blank first option: an RL choice is not sent with a full
     # fine-tune (the API refuses RL settings with other methods).
-    assert 'spec.default === undefined || spec.default === null' in app
+    assert "spec.default === undefined || spec.default === null" in app
     status, err = api(
         server, "POST", "/api/estimate", {"model": "llama-2-7b", "hardware": "h100-sxm", "actor": "full"}
     )

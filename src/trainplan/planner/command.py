@@ -158,6 +158,7 @@ def rlhf_from_values(
         top=max(1, len(accs)) if compare_mode else values["top"],
         compare_mode=compare_mode,
         prices=_prices(values, accs),
+        price_query=price_query(values),
         host_memory_bytes_per_node=host_memory_bytes(values),
         reliability=build_reliability(values),
     )

@@ -29,6 +29,7 @@ from typing import Any, Final, cast
 
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
+from trainplan.hardware.prices import OPEN, PriceQuery, check_provider
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
@@ -42,6 +43,7 @@ from trainplan.planner.search import (
     SearchStats,
     _precision_ok,
     _price,
+    _price_notes,
     default_global_batch,
     device_ladder,
     mark_ties,
@@ -174,6 +176,7 @@ def plan_rlhf(
     top: int,
     compare_mode: bool,
     prices: Mapping[str, float],
+    price_query: PriceQuery = OPEN,
     host_memory_bytes_per_node: float | None,
     reliability: Any,
 ) -> PlanResult:
@@ -202,6 +205,11 @@ def plan_rlhf(
             "(give --recompute / --offload to fix or widen them)"
         )
     accs = sorted(accelerators, key=lambda a: a.name)
+    if values.get("provider") is not None:
+        price_query = dataclasses.replace(price_query, provider=values["provider"])
+    check_provider(price_query.provider, [a.cloud for a in accs if a.name not in prices])
+    price_of = {a.name: _price(a, price_query, prices) for a in accs}
+    notes += _price_notes(accs, list(price_of.values()), price_query)
     counted = 0
     fits_no = 0
     invalid: dict[str, int] = {}
@@ -219,7 +227,7 @@ def plan_rlhf(
         if not precisions:
             skipped[acc.name] = f"none of the precisions {', '.join(space.precisions)} is supported"
             continue
-        price = _price(acc, values.get("provider"), prices)
+        price = price_of[acc.name].usd_per_device_hour
         counts = space.device_counts or device_ladder(acc, top_devices)
         min_devices[acc.name] = None
         for n in counts:
@@ -326,7 +334,7 @@ def plan_rlhf(
                 )
         plans = tuple(p for p in (b.plan for b in per_acc) if p is not None)
     ranking = ranking_statements(list(plans), objective)
-    unpriced = tuple(a.name for a in accs if _price(a, values.get("provider"), prices) is None)
+    unpriced = tuple(a.name for a in accs if price_of[a.name].usd_per_device_hour is None)
     stats = SearchStats(
         candidates=counted,
         valid=counted - sum(invalid.values()),
