@@ -227,12 +227,16 @@ def plan_rlhf(
         if not precisions:
             skipped[acc.name] = f"none of the precisions {', '.join(space.precisions)} is supported"
             continue
-        price = price_of[acc.name].usd_per_device_hour
+        offering = price_of[acc.name].offering
+        price = None if offering is not None else price_of[acc.name].usd_per_device_hour
         counts = space.device_counts or device_ladder(acc, top_devices)
         min_devices[acc.name] = None
         for n in counts:
             system = System(
-                accelerator=acc, num_devices=n, host_memory_bytes_per_node=host_memory_bytes_per_node
+                accelerator=acc,
+                num_devices=n,
+                host_memory_bytes_per_node=host_memory_bytes_per_node,
+                offering=offering,
             )
             options = cast(Any, space.layout_options.for_candidate(sequence_parallel=False, pp=1, zero=3))
             layout = Layout(dp=n, zero=3, **options)
