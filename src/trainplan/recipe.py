@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from trainplan.errors import RecipeError
+from trainplan.limits import MAX_SEQ_LEN, MAX_SEQUENCES, MAX_TOKENS, MIN_TOKENS, MAX_WIDTH, check_int, check_real
 
 Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "ppo", "grpo", "rm"]
 """``dpo``, ``ppo``, ``grpo`` and ``rm`` (reward-model training) are modelled by :mod:`trainplan.rlhf`."""
@@ -123,14 +124,19 @@ class LoRASpec:
     double_quant_block: int = 256
 
     def __post_init__(self) -> None:
-        if self.rank <= 0:
-            raise RecipeError("lora_rank", f"must be a positive integer, got {self.rank}")
+        check_int("lora_rank", self.rank, high=MAX_WIDTH, error=RecipeError)
+        check_real("lora_alpha", self.alpha, low=0.0, high=float(MAX_WIDTH), error=RecipeError)
+        if isinstance(self.targets, str) or not isinstance(self.targets, tuple | list):
+            raise RecipeError("lora_targets", f"must be a tuple of module names, got {self.targets!r}")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        if not isinstance(self.double_quant, bool):
+            raise RecipeError("double_quant", f"must be true or false, got {self.double_quant!r}")
         if not self.targets:
             raise RecipeError("lora_targets", "name at least one module: " + ", ".join(LORA_TARGETS))
         for t in self.targets:
             _check_choice("lora_targets", t, LORA_TARGETS)
-        if self.quant_block <= 0 or self.double_quant_block <= 0:
-            raise RecipeError("quant_block", "quantization block sizes must be positive")
+        check_int("quant_block", self.quant_block, high=MAX_WIDTH, error=RecipeError)
+        check_int("double_quant_block", self.double_quant_block, high=MAX_WIDTH, error=RecipeError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,18 +228,21 @@ class Recipe:
         _check_choice("attention", self.attention, ATTENTIONS)
         _check_choice("offload", self.offload, OFFLOADS)
         _check_choice("stack", self.stack, STACKS)
-        for name in ("seq_len", "micro_batch"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise RecipeError(name, f"must be a positive integer, got {v!r}")
-        if self.global_batch is not None and (
-            not isinstance(self.global_batch, int) or self.global_batch <= 0
-        ):
-            raise RecipeError("global_batch", f"must be a positive integer, got {self.global_batch!r}")
-        if self.tokens is not None and not self.tokens > 0:
-            raise RecipeError("tokens", f"must be positive, got {self.tokens!r}")
-        if not 0.0 <= self.dropout < 1.0:
+        check_int("seq_len", self.seq_len, high=MAX_SEQ_LEN, error=RecipeError, what="tokens per sequence")
+        check_int("micro_batch", self.micro_batch, high=MAX_SEQUENCES, error=RecipeError, what="sequences")
+        if self.global_batch is not None:
+            check_int("global_batch", self.global_batch, high=MAX_SEQUENCES, error=RecipeError, what="sequences")
+        if self.tokens is not None:
+            if isinstance(self.tokens, int | float) and not isinstance(self.tokens, bool) and not self.tokens > 0:
+                raise RecipeError("tokens", f"must be positive, got {self.tokens!r}")
+            check_real("tokens", self.tokens, low=MIN_TOKENS, high=MAX_TOKENS, error=RecipeError, what="tokens")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float) or not 0.0 <= self.dropout < 1.0:
             raise RecipeError("dropout", f"must be in [0, 1), got {self.dropout!r}")
+        for name in ("master_weights", "optimizer_in_backward", "paged_optimizer"):
+            if not isinstance(getattr(self, name), bool):
+                raise RecipeError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.lora is not None and not isinstance(self.lora, LoRASpec):
+            raise RecipeError("lora_rank", f"lora must be a LoRASpec, got {self.lora!r}")
         if not isinstance(self.loss_chunks, int) or self.loss_chunks <= 0:
             raise RecipeError("loss_chunks", f"must be a positive integer, got {self.loss_chunks!r}")
         if self.loss_chunks > self.seq_len:

@@ -660,7 +660,7 @@ def step_time(
     the calibrated value of the device's generation, or 1 (uncalibrated, noted) when there is none.
     """
     acc = system.accelerator
-    notes: list[str] = []
+    notes: list[str] = list(model.approximations)
     if kappa is None:
         cal = calibrated_kappa(acc.name, recipe.stack)
         if cal is None:
