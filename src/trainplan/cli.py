@@ -40,6 +40,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def render_estimate(est: Estimate, *, binary: bool = False) -> str:
     """The human-readable ``trainplan estimate`` report."""
+    from trainplan.flops import mfu_definition
+
     unit = "GiB" if binary else "GB"
     mem = est.memory
     lines = [
@@ -96,7 +98,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
     lines.append(
         f"throughput: {thr.tokens_per_s:,.0f} tokens/s {est.step_band.label(inverse=True)} "
         f"({thr.tokens_per_s / est.system.num_devices:,.0f} per device), "
-        f"MFU {100 * thr.mfu:.1f}% (model FLOPs / dense {est.recipe.gemm_dtype} peak), HFU {100 * thr.hfu:.1f}%"
+        f"MFU {100 * thr.mfu:.1f}% ({mfu_definition(est.recipe)}), HFU {100 * thr.hfu:.1f}%"
     )
     if t.kappa != 1.0:
         lines.append(

@@ -1200,22 +1200,33 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
     method = values["method"]
     rank = values.get("lora_rank")
     targets = values.get("lora_targets")
+    no_double_quant = values.get("no_double_quant", False)
     lora = None
+    qlora_actor = method in RLHF_METHODS and values.get("actor") == "qlora"
+    if no_double_quant and method != "qlora" and not qlora_actor:
+        raise TrainplanError(
+            "no_double_quant",
+            f"--no-double-quant describes QLoRA's 4-bit quantization constants; it needs --method qlora, "
+            f"not {method}; drop it or use --method qlora",
+        )
     if method in ("lora", "qlora"):
         rank = rank if rank is not None else _default(LoRASpec, "rank")
+        if targets is not None and not str(targets).strip():
+            raise TrainplanError("lora_targets", "empty; name modules among " + ",".join(LORA_TARGETS))
         lora = LoRASpec(
             rank=rank,
             alpha=2.0 * rank,
             targets=tuple(t.strip() for t in targets.split(",")) if targets else LORA_TARGETS,
-            double_quant=not values.get("no_double_quant", False),
+            double_quant=not no_double_quant,
         )
-    elif (rank is not None or targets) and (
+    elif (rank is not None or targets is not None) and (
         method not in RLHF_METHODS or values.get("actor") not in ("lora", "qlora")
     ):
+        field = "lora_rank" if rank is not None else "lora_targets"
         raise TrainplanError(
-            "lora_rank",
+            field,
             f"--lora-rank/--lora-targets need --method lora or qlora (or an RLHF method with "
-            f"--actor lora), not {method}",
+            f"--actor lora), not {method}; drop them or add --method lora",
         )
     applied = engine_settings(values)
     check_capabilities(applied, recompute=values.get("recompute"), zero=None)

@@ -161,7 +161,11 @@ class Layout:
             check_int(name, getattr(self, name), high=MAX_DEVICES, error=LayoutError, what="devices")
         check_int("virtual_stages", self.virtual_stages, high=MAX_LAYERS, error=LayoutError, what="chunks")
         check_int(
-            "devices", self.dp * self.tp * self.pp * self.cp, high=MAX_DEVICES, error=LayoutError, what="devices"
+            "devices",
+            self.dp * self.tp * self.pp * self.cp,
+            high=MAX_DEVICES,
+            error=LayoutError,
+            what="devices",
         )
         for name in ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "pp_comm_overlap"):
             if not isinstance(getattr(self, name), bool):

@@ -19,10 +19,21 @@ FP32 optimizer; only GEMM inputs are cast), so they save time, not model-state m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import TYPE_CHECKING, Final, Literal, get_args
 
 from trainplan.errors import RecipeError
-from trainplan.limits import MAX_SEQ_LEN, MAX_SEQUENCES, MAX_TOKENS, MIN_TOKENS, MAX_WIDTH, check_int, check_real
+
+if TYPE_CHECKING:
+    from trainplan.models.spec import ModelSpec
+from trainplan.limits import (
+    MAX_SEQ_LEN,
+    MAX_SEQUENCES,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    MIN_TOKENS,
+    check_int,
+    check_real,
+)
 
 Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "ppo", "grpo", "rm"]
 """``dpo``, ``ppo``, ``grpo`` and ``rm`` (reward-model training) are modelled by :mod:`trainplan.rlhf`."""
@@ -231,12 +242,24 @@ class Recipe:
         check_int("seq_len", self.seq_len, high=MAX_SEQ_LEN, error=RecipeError, what="tokens per sequence")
         check_int("micro_batch", self.micro_batch, high=MAX_SEQUENCES, error=RecipeError, what="sequences")
         if self.global_batch is not None:
-            check_int("global_batch", self.global_batch, high=MAX_SEQUENCES, error=RecipeError, what="sequences")
+            check_int(
+                "global_batch", self.global_batch, high=MAX_SEQUENCES, error=RecipeError, what="sequences"
+            )
         if self.tokens is not None:
-            if isinstance(self.tokens, int | float) and not isinstance(self.tokens, bool) and not self.tokens > 0:
+            if (
+                isinstance(self.tokens, int | float)
+                and not isinstance(self.tokens, bool)
+                and not self.tokens > 0
+            ):
                 raise RecipeError("tokens", f"must be positive, got {self.tokens!r}")
-            check_real("tokens", self.tokens, low=MIN_TOKENS, high=MAX_TOKENS, error=RecipeError, what="tokens")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float) or not 0.0 <= self.dropout < 1.0:
+            check_real(
+                "tokens", self.tokens, low=MIN_TOKENS, high=MAX_TOKENS, error=RecipeError, what="tokens"
+            )
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, int | float)
+            or not 0.0 <= self.dropout < 1.0
+        ):
             raise RecipeError("dropout", f"must be in [0, 1), got {self.dropout!r}")
         for name in ("master_weights", "optimizer_in_backward", "paged_optimizer"):
             if not isinstance(getattr(self, name), bool):
@@ -269,6 +292,14 @@ class Recipe:
             )
         if self.method in ("lora", "qlora") and self.lora is None:
             object.__setattr__(self, "lora", LoRASpec())
+        if self.method == "lora" and self.lora is not None:
+            plain = LoRASpec(rank=self.lora.rank, alpha=self.lora.alpha, targets=self.lora.targets)
+            if self.lora != plain:
+                raise RecipeError(
+                    "no_double_quant",
+                    "quant_block, double_quant and double_quant_block describe QLoRA's 4-bit base weights; "
+                    "a LoRA base is not quantized: leave them at their defaults, or use method qlora",
+                )
         if self.method not in ("lora", "qlora") and self.lora is not None:
             raise RecipeError(
                 "lora_rank", f"LoRA settings given but method is {self.method!r}; use --method lora"
@@ -323,3 +354,43 @@ class Recipe:
     def optimizer_state_dtype(self) -> str:
         """FP32 moments with mixed precision and fp32; the weight dtype for pure 16-bit training."""
         return "fp32" if self.precision == "fp32" or self.master_weights else self.weight_dtype
+
+
+def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
+    """Recipe settings the model cannot take, refused with the reason and the fix.
+
+    * A sequence longer than a learned position table (GPT-2 ``wpe``: ``n_positions`` rows): the
+      model has no position embedding for the later tokens. Rotary, ALiBi and position-free models
+      take any length.
+    * A LoRA rank above the smaller side of an adapted matrix: ``ΔW = B·A`` (``B``: out×r, ``A``:
+      r×in) has rank at most ``min(in, out)`` (Hu et al. 2021, Sec. 4.1), so a larger ``r`` adds
+      parameters and FLOPs, not capacity; at ranks near the hidden size the adapters outgrow the
+      base model.
+    """
+    if model.position == "learned" and recipe.seq_len > model.max_seq_len:
+        raise RecipeError(
+            "seq_len",
+            f"{model.name} has a learned position table of {model.max_seq_len} positions; a sequence of "
+            f"{recipe.seq_len} tokens has no embedding past position {model.max_seq_len}; "
+            f"use --seq-len {model.max_seq_len} or less",
+        )
+    if recipe.lora is not None:
+        _check_lora_rank(model, recipe.lora)
+
+
+def _check_lora_rank(model: ModelSpec, lora: LoRASpec) -> None:
+    from trainplan.flops import _lora_linear_dims
+
+    layers = {0}
+    if model.moe is not None:
+        layers.add(next(i for i in range(model.num_layers) if model.is_moe_layer(i)))
+    for target in lora.targets:
+        for i in sorted(layers):
+            for n_in, n_out, _, _ in _lora_linear_dims(model, i, target):
+                if lora.rank > min(n_in, n_out):
+                    raise RecipeError(
+                        "lora_rank",
+                        f"rank {lora.rank} exceeds the smaller side of {model.name}'s {target!r} matrix "
+                        f"({n_in} in × {n_out} out): an adapter B·A has rank at most {min(n_in, n_out)}; "
+                        f"use --lora-rank {min(n_in, n_out)} or less (typical ranks are 8-256)",
+                    )

@@ -121,10 +121,18 @@ class ModelSpec:
         for name in ("activation", "norm", "position"):
             choices = get_args({"activation": Activation, "norm": Norm, "position": Position}[name])
             if getattr(self, name) not in choices:
-                raise ModelError(name, f"unknown value {getattr(self, name)!r}; choose one of {', '.join(choices)}")
+                raise ModelError(
+                    name, f"unknown value {getattr(self, name)!r}; choose one of {', '.join(choices)}"
+                )
         for name in (
-            "tied_embeddings", "qkv_bias", "attn_out_bias", "mlp_bias", "qk_norm",
-            "qk_norm_full_width", "post_norms", "parallel_attn_mlp",
+            "tied_embeddings",
+            "qkv_bias",
+            "attn_out_bias",
+            "mlp_bias",
+            "qk_norm",
+            "qk_norm_full_width",
+            "post_norms",
+            "parallel_attn_mlp",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ModelError(name, f"must be true or false, got {getattr(self, name)!r}")

@@ -55,7 +55,7 @@ from trainplan.planner.bulk import (
     Core,
     Segments,
 )
-from trainplan.predict import Estimate, estimate
+from trainplan.predict import Estimate, estimate, hardware_refusal
 from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, Offload, Precision, Recipe, Recompute
 from trainplan.terms import TERM_GROUPS, TIME_TERMS
 from trainplan.units import fmt_bytes, fmt_duration
@@ -480,6 +480,8 @@ def enumerate_candidates(
     seg_block: list[int] = []
     seg_len: list[int] = []
     for a, acc in enumerate(accelerators):
+        if acc.name in skipped:  # refused before the search (predict.hardware_refusal)
+            continue
         allowed: set[str] = {p for p in precs if _precision_ok(acc, p)}
         if not allowed:
             skipped[acc.name] = (
@@ -988,6 +990,10 @@ def plan(
     cores, invalid_cores = enumerate_cores(model, base, space, max_domain)
     pruned: dict[str, int] = {}
     skipped: dict[str, str] = {}
+    for acc in accs:
+        refusal = hardware_refusal(System(accelerator=acc, num_devices=1), base)
+        if refusal is not None:
+            skipped[acc.name] = refusal.message
     cand = enumerate_candidates(cores, accs, space, pruned, skipped, base.global_batch)
     ev = BulkEvaluator(
         model,
