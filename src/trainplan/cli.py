@@ -281,8 +281,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         print(render_text(results, rows=args.rows))
     if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(render_markdown(results))
+        from trainplan.export import write_text
+
+        write_text(args.markdown, render_markdown(results), field="markdown")
     if args.bands:
         from trainplan.validate.bands import render_bands_text, write_table
 
@@ -308,9 +309,10 @@ def _engine_target(engine: Any) -> str:
 
 
 def _write_export(result: Any, output: str | None, what: str) -> None:
+    from trainplan.export import write_text
+
     if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(result.text)
+        write_text(output, result.text)
         sys.stderr.write(f"trainplan: wrote {what} to {output}\n")
     else:
         sys.stdout.write(result.text)

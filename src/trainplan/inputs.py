@@ -1131,9 +1131,9 @@ def add_arguments(parser: argparse.ArgumentParser, fields: Sequence[Field]) -> N
 
 
 def _argparse_type(f: Field) -> Any:
-    """``int`` / ``float`` themselves (argparse's own messages), else a converter whose errors
-    argparse prints as they are."""
-    if not f.positive:
+    """``int`` itself (argparse's own messages), else a converter whose errors argparse prints
+    as they are: positive numbers, and every float, which must be finite (``--pue inf``)."""
+    if not f.positive and f.type is not float:
         return f.type
     import argparse
 
@@ -1143,7 +1143,7 @@ def _argparse_type(f: Field) -> Any:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    convert.__name__ = f"positive_{f.type.__name__}"
+    convert.__name__ = f"{'positive' if f.positive else 'finite'}_{f.type.__name__}"
     return convert
 
 
@@ -1230,6 +1230,7 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         )
     applied = engine_settings(values)
     check_capabilities(applied, recompute=values.get("recompute"), zero=None)
+    _check_recipe_flags_apply(values)
     return Recipe(
         method=method,
         precision=values["precision"],
@@ -1271,6 +1272,62 @@ def engine_settings(values: Mapping[str, Any]) -> Applied:
     return resolve(values)
 
 
+def _check_recipe_flags_apply(values: Mapping[str, Any]) -> None:
+    """Recipe switches that would change nothing with the other values given are refused
+    (a value left open for the planner, ``None``, is not judged)."""
+    recompute = values.get("recompute")
+    if values.get("recompute_early_stop") and recompute is not None and recompute not in ("full", "sac"):
+        raise TrainplanError(
+            "recompute_early_stop",
+            f"--recompute-early-stop says how a full (or sac) recompute re-runs a block; with --recompute "
+            f"{recompute} nothing is re-run, so it changes nothing; drop it or use --recompute full",
+        )
+    if values.get("no_master_weights") and values.get("precision") == "fp32":
+        raise TrainplanError(
+            "no_master_weights",
+            "fp32 training keeps no separate master copy (the weights are fp32 already), so "
+            "--no-master-weights changes nothing; drop it or use a 16-bit --precision",
+        )
+
+
+def _check_layout_flags_apply(values: Mapping[str, Any], layout: Layout) -> None:
+    """Layout options that would change nothing on this layout are refused with the reason (the
+    options the request gives; an engine's own settings apply where they mean something):
+    gradient synchronisation options without data or context parallelism, a ZeRO stage 1 or 2
+    with nothing to shard, autograd gradient accumulation with one micro-batch per step (the
+    main-gradient buffer of ``main_grad`` costs time even then)."""
+    shards = layout.dp * layout.cp
+    if shards == 1:
+        if layout.zero in (1, 2):
+            raise TrainplanError(
+                "zero",
+                f"ZeRO-{layout.zero} shards optimizer states{' and gradients' if layout.zero == 2 else ''} "
+                "over the data-parallel ranks; with dp·cp = 1 there is nothing to shard; use --zero 0, "
+                "or more --devices",
+            )
+        if layout.zero == 3 and values.get("zero3_granularity") not in (None, "block"):
+            raise TrainplanError(
+                "zero3_granularity",
+                "with dp·cp = 1 ZeRO-3 shards nothing and gathers nothing, so the gather granularity "
+                "changes nothing; drop --zero3-granularity, or use more --devices",
+            )
+        if values.get("no_overlap_grad_reduce"):
+            raise TrainplanError(
+                "no_overlap_grad_reduce",
+                "with dp·cp = 1 there is no gradient reduction to overlap; drop --no-overlap-grad-reduce, "
+                "or use more --devices",
+            )
+    global_batch, micro = values.get("global_batch"), values.get("micro_batch")
+    one_micro_batch = global_batch is None or (isinstance(micro, int) and global_batch == layout.dp * micro)
+    if one_micro_batch and values.get("grad_accumulation") == "autograd":
+        raise TrainplanError(
+            "grad_accumulation",
+            "with one micro-batch per step autograd accumulates nothing (its first backward writes "
+            ".grad as the fused GEMM does), so --grad-accumulation autograd changes nothing; drop it, "
+            "or give a --global-batch above dp × micro-batch",
+        )
+
+
 def build_layout(values: Mapping[str, Any]) -> Layout:
     """The :class:`~trainplan.layout.Layout` the layout fields in ``values`` describe
     (dp = devices / (tp·pp·cp)).
@@ -1290,7 +1347,7 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
     for name in ("tp_comm_overlap", "pp_comm_overlap", "zero3_granularity"):
         if name in explicit:
             applied[name] = getattr(options, name)
-    return Layout.for_devices(
+    layout = Layout.for_devices(
         values["devices"],
         tp=values["tp"],
         pp=values["pp"],
@@ -1302,6 +1359,8 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
         virtual_stages=values["virtual_stages"],
         **applied,  # type: ignore[arg-type]
     )
+    _check_layout_flags_apply(values, layout)
+    return layout
 
 
 def build_layout_options(values: Mapping[str, Any]) -> LayoutOptions:

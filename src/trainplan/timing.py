@@ -666,7 +666,8 @@ def step_time(
         if cal is None:
             kappa = 1.0
             notes.append(
-                f"{acc.name}: no calibrated training-stack factor; microbenchmark efficiencies only (optimistic)"
+                f"{acc.name}: no calibrated {recipe.stack} training-stack factor; microbenchmark "
+                "efficiencies only (optimistic)"
             )
         else:
             kappa = cal
