@@ -82,6 +82,7 @@ def check_real(
     if not low <= value <= high:
         raise error(
             field,
-            f"{value!r} is outside [{low:g}, {high:g}]{' ' + what if what else ''}; give a value in that range",
+            f"{value!r} is outside trainplan's limits [{low:g}, {high:g}]{' ' + what if what else ''}; "
+            "give a value in that range",
         )
     return float(value)

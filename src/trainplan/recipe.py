@@ -384,13 +384,19 @@ def _check_lora_rank(model: ModelSpec, lora: LoRASpec) -> None:
     layers = {0}
     if model.moe is not None:
         layers.add(next(i for i in range(model.num_layers) if model.is_moe_layer(i)))
-    for target in lora.targets:
-        for i in sorted(layers):
-            for n_in, n_out, _, _ in _lora_linear_dims(model, i, target):
-                if lora.rank > min(n_in, n_out):
-                    raise RecipeError(
-                        "lora_rank",
-                        f"rank {lora.rank} exceeds the smaller side of {model.name}'s {target!r} matrix "
-                        f"({n_in} in × {n_out} out): an adapter B·A has rank at most {min(n_in, n_out)}; "
-                        f"use --lora-rank {min(n_in, n_out)} or less (typical ranks are 8-256)",
-                    )
+    sides = [
+        (min(n_in, n_out), target, n_in, n_out)
+        for target in lora.targets
+        for i in sorted(layers)
+        for n_in, n_out, _, _ in _lora_linear_dims(model, i, target)
+    ]
+    if not sides:
+        return
+    side, target, n_in, n_out = min(sides)
+    if lora.rank > side:
+        raise RecipeError(
+            "lora_rank",
+            f"rank {lora.rank} exceeds the smaller side of {model.name}'s {target!r} matrix "
+            f"({n_in} in × {n_out} out): an adapter B·A has rank at most {side}; "
+            f"use --lora-rank {side} or less (typical ranks are 8-256)",
+        )
