@@ -306,6 +306,14 @@ def test_overflowing_sizes_are_refused(capsys: pytest.CaptureFixture[str], extra
     assert "limit" in refused(capsys, *EST, *extra)
 
 
+@pytest.mark.parametrize(("flag", "field"), [("--devices", "devices"), ("--max-devices", "max_devices")])
+def test_overflowing_plan_device_counts_are_refused(
+    capsys: pytest.CaptureFixture[str], flag: str, field: str
+) -> None:
+    line = refused(capsys, "plan", "llama-3.2-1b", "--hardware", "h100-sxm", flag, str(10**17))
+    assert f"error: {field}:" in line and "limit" in line
+
+
 def test_non_string_names_are_typed_errors() -> None:
     with pytest.raises(ModelError):
         load_model(2)  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ from trainplan.hardware.prices import (
 from trainplan.hardware.system import System
 from trainplan.inputs import DEFAULT_MAX_DEVICES, OBJECTIVES
 from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions, nearest_micro_batches
+from trainplan.limits import MAX_DEVICES, check_int
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.bulk import (
     INVALID_REASONS,
@@ -95,8 +96,11 @@ class SearchSpace:
         for p in self.precisions:
             if p not in PRECISIONS:
                 raise TrainplanError("precision", f"unknown precision {p!r}; choose {', '.join(PRECISIONS)}")
-        if self.max_devices <= 0:
-            raise TrainplanError("max_devices", f"must be a positive integer, got {self.max_devices}")
+        for n in self.device_counts or ():
+            check_int("devices", n, high=MAX_DEVICES, what="devices")
+        check_int("max_devices", self.max_devices, high=MAX_DEVICES, what="devices")
+        for name in ("max_tp", "max_pp"):
+            check_int(name, getattr(self, name), high=MAX_DEVICES, what="devices")
         for z in self.zero_stages:
             if z not in (0, 1, 2, 3):
                 raise TrainplanError("zero", f"ZeRO stage must be 0-3, got {z}")
