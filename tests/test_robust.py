@@ -101,6 +101,8 @@ def test_no_named_memory_term_is_negative() -> None:
         (("--zero", "3", "--zero3-granularity", "parameter"), "zero3_granularity"),
         (("--no-overlap-grad-reduce",), "no_overlap_grad_reduce"),
         (("--devices", "2", "--grad-accumulation", "autograd"), "grad_accumulation"),
+        (("--no-goodput",), "no_goodput"),
+        (("--device-mtbf", "1000"), "device_mtbf"),
     ],
 )
 def test_flags_that_would_change_nothing_are_refused(
@@ -117,6 +119,8 @@ def test_the_same_flags_are_answered_where_they_apply(capsys: pytest.CaptureFixt
         ("--devices", "2", "--zero", "1", "--no-overlap-grad-reduce"),
         ("--devices", "2", "--zero", "3", "--zero3-granularity", "parameter"),
         ("--devices", "2", "--global-batch", "8", "--grad-accumulation", "autograd"),
+        ("--tokens", "1e9", "--no-goodput"),
+        ("--tokens", "1e9", "--device-mtbf", "1000"),
     ):
         answered(capsys, *EST, *extra)
 

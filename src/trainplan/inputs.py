@@ -727,7 +727,17 @@ GOODPUT_FIELDS: Final = (
 
 
 def build_reliability(values: Mapping[str, Any]) -> Reliability | None:
-    """The :class:`~trainplan.goodput.Reliability` the goodput fields describe (``None``: --no-goodput)."""
+    """The :class:`~trainplan.goodput.Reliability` the goodput fields describe (``None``: --no-goodput).
+
+    The goodput fields shape the time-to-train alone: without ``--tokens`` they are refused."""
+    if "tokens" in values and values["tokens"] is None:
+        given_any = [f.name for f in GOODPUT_FIELDS if values.get(f.name) not in (None, False, f.default)]
+        if given_any:
+            raise TrainplanError(
+                given_any[0],
+                f"--{given_any[0].replace('_', '-')} shapes the time to train, which needs --tokens; "
+                "give --tokens or drop it",
+            )
     if values.get("no_goodput", False):
         given = [
             f.name
