@@ -358,3 +358,34 @@ def test_recipe_fields_are_checked_in_the_constructor(kw: dict[str, object]) -> 
 def test_layout_fields_are_checked_in_the_constructor(kw: dict[str, object]) -> None:
     with pytest.raises(TrainplanError):
         Layout(**kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "estimate",
+        "hardware",
+        "validate",
+        "verify",
+        "models",
+        "export",
+        "plan",
+        "compare",
+        "cost",
+        "serve",
+        "run",
+    ],
+)
+def test_every_command_prints_its_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A help text with a percent sign made argparse's --help raise ValueError."""
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra", [("--years", "1e308"), ("--node-price", "1e308"), ("--pue", "100"), ("--devices", str(10**20))]
+)
+def test_buy_or_rent_bounds_its_inputs(capsys: pytest.CaptureFixture[str], extra: tuple[str, ...]) -> None:
+    refused(capsys, "cost", "h100-sxm", *extra)

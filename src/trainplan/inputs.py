@@ -1111,7 +1111,9 @@ def add_arguments(parser: argparse.ArgumentParser, fields: Sequence[Field]) -> N
             if title not in groups:
                 groups[title] = parser.add_argument_group(title)
             target = groups[title]
-        kw: dict[str, Any] = {"help": f.help or None}
+        kw: dict[str, Any] = {
+            "help": f.help.replace("%", "%%") if f.help else None
+        }  # argparse formats help with %
         if f.type is bool:
             if f.default is None:
                 import argparse
