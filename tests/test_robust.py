@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import trainplan
-from trainplan.cli import main
+from trainplan.cli import SUBCOMMANDS, main
 from trainplan.errors import CatalogError, ModelError, RecipeError, TrainplanError
 from trainplan.hardware import get_accelerator, load_hardware_file
 from trainplan.layout import Layout
@@ -360,22 +360,7 @@ def test_layout_fields_are_checked_in_the_constructor(kw: dict[str, object]) -> 
         Layout(**kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        "estimate",
-        "hardware",
-        "validate",
-        "verify",
-        "models",
-        "export",
-        "plan",
-        "compare",
-        "cost",
-        "serve",
-        "run",
-    ],
-)
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
 def test_every_command_prints_its_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     """A help text with a percent sign made argparse's --help raise ValueError."""
     with pytest.raises(SystemExit) as info:
