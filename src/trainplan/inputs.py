@@ -1287,13 +1287,6 @@ def engine_settings(values: Mapping[str, Any]) -> Applied:
 def _check_recipe_flags_apply(values: Mapping[str, Any]) -> None:
     """Recipe switches that would change nothing with the other values given are refused
     (a value left open for the planner, ``None``, is not judged)."""
-    recompute = values.get("recompute")
-    if values.get("recompute_early_stop") and recompute is not None and recompute not in ("full", "sac"):
-        raise TrainplanError(
-            "recompute_early_stop",
-            f"--recompute-early-stop says how a full (or sac) recompute re-runs a block; with --recompute "
-            f"{recompute} nothing is re-run, so it changes nothing; drop it or use --recompute full",
-        )
     if values.get("no_master_weights") and values.get("precision") == "fp32":
         raise TrainplanError(
             "no_master_weights",
@@ -1305,18 +1298,12 @@ def _check_recipe_flags_apply(values: Mapping[str, Any]) -> None:
 def _check_layout_flags_apply(values: Mapping[str, Any], layout: Layout) -> None:
     """Layout options that would change nothing on this layout are refused with the reason (the
     options the request gives; an engine's own settings apply where they mean something):
-    gradient synchronisation options without data or context parallelism, a ZeRO stage 1 or 2
-    with nothing to shard, autograd gradient accumulation with one micro-batch per step (the
-    main-gradient buffer of ``main_grad`` costs time even then)."""
+    gradient synchronisation options without data or context parallelism, autograd gradient
+    accumulation with one micro-batch per step (the main-gradient buffer of ``main_grad`` costs
+    time even then). A ZeRO stage over one rank is answered: it is the stage a published
+    config names, sharded over dp·cp = 1."""
     shards = layout.dp * layout.cp
     if shards == 1:
-        if layout.zero in (1, 2):
-            raise TrainplanError(
-                "zero",
-                f"ZeRO-{layout.zero} shards optimizer states{' and gradients' if layout.zero == 2 else ''} "
-                "over the data-parallel ranks; with dp·cp = 1 there is nothing to shard; use --zero 0, "
-                "or more --devices",
-            )
         if layout.zero == 3 and values.get("zero3_granularity") not in (None, "block"):
             raise TrainplanError(
                 "zero3_granularity",
