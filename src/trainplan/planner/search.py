@@ -995,9 +995,9 @@ def plan(
     pruned: dict[str, int] = {}
     skipped: dict[str, str] = {}
     for acc in accs:
-        refusal = hardware_refusal(System(accelerator=acc, num_devices=1), base)
-        if refusal is not None:
-            skipped[acc.name] = refusal.message
+        not_modelled = hardware_refusal(System(accelerator=acc, num_devices=1), base)
+        if not_modelled is not None:
+            skipped[acc.name] = not_modelled.message
     cand = enumerate_candidates(cores, accs, space, pruned, skipped, base.global_batch)
     ev = BulkEvaluator(
         model,
