@@ -175,7 +175,7 @@ for info in pkgutil.walk_packages(trainplan.__path__, "trainplan."):
 import trainplan.predict
 from trainplan import estimate
 assert estimate is trainplan.estimate and callable(estimate), trainplan.estimate
-est = trainplan.estimate("gpt2", hardware="h100-sxm")
+est = trainplan.estimate("gpt2", hardware="h100-sxm", seq_len=1024)
 assert type(est).__name__ == "Estimate" and est.memory.fits
 assert callable(trainplan.plan) and callable(trainplan.compare)
 print("ok")

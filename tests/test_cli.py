@@ -195,7 +195,18 @@ def test_hardware_and_models_commands(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_console_script_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "trainplan.cli", "estimate", "gpt2", "--hardware", "h100-sxm", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "trainplan.cli",
+            "estimate",
+            "gpt2",
+            "--hardware",
+            "h100-sxm",
+            "--seq-len",
+            "1024",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         check=True,

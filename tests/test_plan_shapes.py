@@ -126,6 +126,8 @@ def test_ties_break_toward_the_simpler_plan(capsys: pytest.CaptureFixture[str]) 
         capsys,
         "plan",
         "gpt2",
+        "--seq-len",
+        "1024",  # GPT-2's learned position table has 1024 rows
         "--hardware",
         "h100-sxm",
         "--devices",

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from trainplan.flops import megatron2021_eq3_flops
@@ -42,6 +42,7 @@ def test_step_time_is_the_visible_sum() -> None:
     st.sampled_from(["none", "selective", "full"]),
 )
 def test_mfu_is_below_one(hw: str, model: str, seq: int, recompute: str) -> None:
+    assume(not (model == "gpt2" and seq > 1024))  # GPT-2's learned position table has 1024 rows
     e = est(hw, 1, Layout(), Recipe(seq_len=seq, recompute=recompute), model)  # type: ignore[arg-type]
     assert 0 < e.throughput.mfu < 1
     assert 0 < e.throughput.hfu < 1

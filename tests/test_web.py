@@ -6,12 +6,13 @@ import argparse
 import http.client
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -308,11 +309,109 @@ def test_unknown_paths_and_methods_are_json_errors(server: TrainplanServer) -> N
     assert api(server, "DELETE", "/api/models")[0] == 405
 
 
-def test_only_loopback_host_names_are_answered(server: TrainplanServer) -> None:
-    status, got = api(server, "GET", "/api/models", headers={"Host": "attacker.example:8321"})
-    assert status == 403 and got["error"]["field"] == "Host"
-    for host in ("localhost:1", "127.0.0.1", "[::1]:8321"):
-        assert api(server, "GET", "/api/models", headers={"Host": host})[0] == 200
+def test_only_loopback_host_names_with_the_bound_port_are_answered(server: TrainplanServer) -> None:
+    port = server.port
+    for host in (
+        f"attacker.example:{port}",
+        "localhost:1",
+        "127.0.0.1",
+        f"[::1]:{port + 1}",
+        "",
+        f"x:{port}:1",
+    ):
+        status, got = api(server, "GET", "/api/models", headers={"Host": host})
+        assert status == 403 and got["error"]["field"] == "Host", host
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", f"LOCALHOST:{port}"):
+        assert api(server, "GET", "/api/models", headers={"Host": host})[0] == 200, host
+
+
+ESTIMATE_BODY: Final = {"model": "llama-3.2-1b", "hardware": "h100-sxm"}
+
+
+@pytest.mark.parametrize(
+    "origin",
+    ["https://attacker.example", "http://attacker.example", "null", "http://127.0.0.1:1", "file://"],
+)
+def test_cross_site_posts_are_403_before_the_body_is_read(server: TrainplanServer, origin: str) -> None:
+    """A web page elsewhere can send a "simple" text/plain POST without a CORS preflight; it
+    carries the page's Origin, which is not this server's."""
+    raw = json.dumps(ESTIMATE_BODY).encode()
+    status, got = api(
+        server, "POST", "/api/estimate", raw=raw, headers={"Content-Type": "text/plain", "Origin": origin}
+    )
+    assert status == 403 and got["error"]["field"] == "Origin"
+
+
+def test_fetch_site_cross_site_is_403(server: TrainplanServer) -> None:
+    status, got = api(
+        server, "POST", "/api/estimate", ESTIMATE_BODY, headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert status == 403 and got["error"]["field"] == "Origin"
+
+
+def test_same_origin_and_originless_requests_are_answered(server: TrainplanServer) -> None:
+    port = server.port
+    for headers in ({}, {"Origin": f"http://127.0.0.1:{port}"}, {"Origin": f"http://localhost:{port}"}):
+        assert api(server, "POST", "/api/estimate", ESTIMATE_BODY, headers=headers)[0] == 200, headers
+        assert api(server, "GET", "/api/models", headers=headers)[0] == 200, headers
+
+
+def _raw_exchange(srv: TrainplanServer, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET / HTTP/2.0\r\nHost: 127.0.0.1:{port}\r\n\r\n", 400),
+        (b"GET / HTTP/x\r\n\r\n", 400),
+        (b"BREW /api/models HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n", 405),
+        (b"OPTIONS /api/estimate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n", 405),
+        (b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 200 + b"\r\n", 431),
+        (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414),
+    ],
+)
+def test_malformed_http_and_unknown_methods_are_4xx_json(
+    server: TrainplanServer, request_bytes: bytes, status: int, capfd: pytest.CaptureFixture[str]
+) -> None:
+    reply = _raw_exchange(server, request_bytes.replace(b"{port}", str(server.port).encode()))
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == str(status).encode(), head
+    assert b"application/json" in head and "error" in json.loads(body)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_clients_that_hang_up_or_stall_leave_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    srv = make_server("127.0.0.1", 0, timeout_s=0.5)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        host = f"Host: 127.0.0.1:{srv.port}\r\n".encode()
+        # a body shorter than its Content-Length, then silence: dropped after the timeout
+        stalled = b"POST /api/estimate HTTP/1.1\r\n" + host + b"Content-Length: 100\r\n\r\n{"
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT_S) as sock:
+            sock.sendall(stalled)
+            assert sock.recv(65536) == b""  # closed by the server, no answer to a half request
+        # a client that closes before its body is complete
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT_S) as sock:
+            sock.sendall(stalled)
+        # a request line and nothing else
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=TIMEOUT_S) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\n")
+            assert sock.recv(65536) == b""
+        # the server still answers
+        assert api(srv, "GET", "/api/models")[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
+    assert "Traceback" not in capfd.readouterr().err
 
 
 # --- catalog endpoints equal the CLI ---------------------------------------------------------------

@@ -58,7 +58,16 @@ def _accelerator(hardware: str | Accelerator, hardware_file: Sequence[str]) -> A
         raise TrainplanError("hardware", f"expected an accelerator name or an Accelerator, got {hardware!r}")
     from trainplan.hardware import get_accelerator
 
-    return get_accelerator(hardware, list(hardware_file))
+    return get_accelerator(hardware, _paths(hardware_file))
+
+
+def _paths(hardware_file: object) -> list[str]:
+    """``hardware_file`` as a list of paths: one path given alone is a list of one."""
+    if isinstance(hardware_file, str):
+        return [hardware_file]
+    if not isinstance(hardware_file, list | tuple) or not all(isinstance(p, str) for p in hardware_file):
+        raise TrainplanError("hardware_file", f"expected a path or a list of paths, got {hardware_file!r}")
+    return list(hardware_file)
 
 
 def _not_with(typed: str, given: Mapping[str, object], fields: Sequence[inputs.Field]) -> None:
@@ -169,7 +178,7 @@ def _accelerators(hardware: HardwareList, hardware_file: Sequence[str]) -> list[
     from trainplan.planner.command import accelerators
 
     if isinstance(hardware, str):
-        return accelerators(hardware, hardware_file)
+        return accelerators(hardware, _paths(hardware_file))
     items = [hardware] if isinstance(hardware, Accelerator) else list(hardware)
     out: list[Accelerator] = []
     for item in items:

@@ -40,6 +40,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def render_estimate(est: Estimate, *, binary: bool = False) -> str:
     """The human-readable ``trainplan estimate`` report."""
+    from trainplan.flops import mfu_definition
+
     unit = "GiB" if binary else "GB"
     mem = est.memory
     lines = [
@@ -101,7 +103,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
     lines.append(
         f"throughput: {thr.tokens_per_s:,.0f} tokens/s {est.step_band.label(inverse=True)} "
         f"({thr.tokens_per_s / est.system.num_devices:,.0f} per device), "
-        f"MFU {100 * thr.mfu:.1f}% (model FLOPs / dense {est.recipe.gemm_dtype} peak), HFU {100 * thr.hfu:.1f}%"
+        f"MFU {100 * thr.mfu:.1f}% ({mfu_definition(est.recipe)}), HFU {100 * thr.hfu:.1f}%"
     )
     if t.kappa != 1.0:
         lines.append(
@@ -296,8 +298,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         print(render_text(results, rows=args.rows))
     if args.markdown:
-        with open(args.markdown, "w", encoding="utf-8") as fh:
-            fh.write(render_markdown(results))
+        from trainplan.export import write_text
+
+        write_text(args.markdown, render_markdown(results), field="markdown")
     if args.bands:
         from trainplan.validate.bands import render_bands_text, write_table
 
@@ -323,9 +326,10 @@ def _engine_target(engine: Any) -> str:
 
 
 def _write_export(result: Any, output: str | None, what: str) -> None:
+    from trainplan.export import write_text
+
     if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(result.text)
+        write_text(output, result.text)
         sys.stderr.write(f"trainplan: wrote {what} to {output}\n")
     else:
         sys.stdout.write(result.text)

@@ -109,6 +109,11 @@ class RunCost:
         }
 
 
+MAX_PUE: Final = 5.0
+"""Largest power usage effectiveness accepted: industry averages are about 1.6 (Uptime Institute
+Global Data Center Survey, 2020-2023: 1.59, 1.57, 1.55, 1.58), so 5 is far above any facility."""
+
+
 def choose_offering(
     system: System, provider: str | None = None, query: PriceQuery = OPEN
 ) -> CloudOffering | None:
@@ -140,8 +145,10 @@ def run_cost(
 ) -> RunCost:
     """Time, device-hours, dollars and kWh to train ``tokens`` tokens (all null without tokens);
     with ``reliability``, the time includes the interruptions and checkpoints of goodput.py."""
-    if pue < 1.0:
-        raise TrainplanError("pue", f"PUE is at least 1.0 (facility power / IT power), got {pue}")
+    if not 1.0 <= pue <= MAX_PUE:
+        raise TrainplanError(
+            "pue", f"PUE is facility power / IT power, between 1.0 and {MAX_PUE:g}, got {pue}"
+        )
     offer: CloudOffering | None = None
     if price_usd_per_device_hour is not None:
         price: float | None = price_usd_per_device_hour

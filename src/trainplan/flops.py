@@ -29,7 +29,9 @@ Conventions
   ``N = gemm_params(spec)`` counts every weight that takes part in a GEMM per token (all linear
   weights of the transformer blocks with MoE experts counted as active, the router, and the LM head;
   not the embedding lookup, biases or norm weights). For LoRA: ``4·N_base·T + 6·N_adapter·T +
-  3·attention_forward`` (frozen base: no weight gradients).
+  3·attention_forward`` (frozen base: no weight gradients), less the input gradients of the first
+  layer's q, k, v and their adapters' ``A``, which a frozen embedding does not need (so model
+  FLOPs never exceed hardware FLOPs: MFU <= HFU).
 * **Hardware FLOPs** (HFU numerator) add what the hardware really executes on top: the recompute
   forward (``full``: one more forward of every transformer layer, not of the LM head, as in
   Megatron 2021 Eq. 3; with ``recompute_early_stop``, PyTorch's non-reentrant checkpoint, that
@@ -715,7 +717,9 @@ def _layer_passes(
         attention_flops=2.0 * attn_fwd + flash_recompute,
         memory_bytes=mem(bwd_mem),
     )
-    model = (1.0 + base_bwd_factor) * weights_fwd + 3.0 * adapter_fwd + 3.0 * attn_fwd
+    # The skipped input gradients are no part of the algorithm either (the embedding is frozen):
+    # counting them as model FLOPs put MFU above HFU under LoRA with eager attention.
+    model = (1.0 + base_bwd_factor) * weights_fwd + 3.0 * adapter_fwd + 3.0 * attn_fwd - skipped_dx
 
     if recipe.recompute == "full" and recipe.recompute_early_stop:
         skip = early_stop_skip(spec, i, recipe, b, s)
@@ -896,6 +900,19 @@ def _step_notes(recipe: Recipe) -> tuple[str, ...]:
             "reward/critic passes and generation are not included"
         )
     return tuple(notes)
+
+
+def mfu_definition(recipe: Recipe) -> str:
+    """What the MFU of ``recipe`` divides (module docstring, "Model FLOPs"), in words: full
+    training counts weight gradients of every weight, LoRA / QLoRA of the adapters only."""
+    peak = f"dense {recipe.gemm_dtype} peak"
+    if recipe.is_peft:
+        extra = "; NF4 dequantisation not counted" if recipe.method == "qlora" else ""
+        return (
+            f"model FLOPs / {peak}; {recipe.method} model FLOPs = 4·N_base·T + 6·N_adapter·T + "
+            f"3·attention forward (frozen base: no weight gradients{extra})"
+        )
+    return f"model FLOPs / {peak}; model FLOPs = 6·N·T + 3·attention forward"
 
 
 def step_sequences(recipe: Recipe, layout: Layout | None = None) -> int:

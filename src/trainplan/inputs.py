@@ -797,7 +797,17 @@ def build_rlhf(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> 
 
 
 def build_reliability(values: Mapping[str, Any]) -> Reliability | None:
-    """The :class:`~trainplan.goodput.Reliability` the goodput fields describe (``None``: --no-goodput)."""
+    """The :class:`~trainplan.goodput.Reliability` the goodput fields describe (``None``: --no-goodput).
+
+    The goodput fields shape the time-to-train alone: without ``--tokens`` they are refused."""
+    if "tokens" in values and values["tokens"] is None:
+        given_any = [f.name for f in GOODPUT_FIELDS if values.get(f.name) not in (None, False, f.default)]
+        if given_any:
+            raise TrainplanError(
+                given_any[0],
+                f"--{given_any[0].replace('_', '-')} shapes the time to train, which needs --tokens; "
+                "give --tokens or drop it",
+            )
     if values.get("no_goodput", False):
         given = [
             f.name
@@ -1174,7 +1184,9 @@ def add_arguments(parser: argparse.ArgumentParser, fields: Sequence[Field]) -> N
             if title not in groups:
                 groups[title] = parser.add_argument_group(title)
             target = groups[title]
-        kw: dict[str, Any] = {"help": f.help or None}
+        kw: dict[str, Any] = {
+            "help": f.help.replace("%", "%%") if f.help else None
+        }  # argparse formats help with %
         if f.type is bool:
             if f.default is None:
                 import argparse
@@ -1204,9 +1216,9 @@ def add_arguments(parser: argparse.ArgumentParser, fields: Sequence[Field]) -> N
 
 
 def _argparse_type(f: Field) -> Any:
-    """``int`` / ``float`` themselves (argparse's own messages), else a converter whose errors
-    argparse prints as they are."""
-    if not f.positive:
+    """``int`` itself (argparse's own messages), else a converter whose errors argparse prints
+    as they are: positive numbers, and every float, which must be finite (``--pue inf``)."""
+    if not f.positive and f.type is not float:
         return f.type
     import argparse
 
@@ -1216,7 +1228,7 @@ def _argparse_type(f: Field) -> Any:
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    convert.__name__ = f"positive_{f.type.__name__}"
+    convert.__name__ = f"{'positive' if f.positive else 'finite'}_{f.type.__name__}"
     return convert
 
 
@@ -1273,25 +1285,37 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
     method = values["method"]
     rank = values.get("lora_rank")
     targets = values.get("lora_targets")
+    no_double_quant = values.get("no_double_quant", False)
     lora = None
+    qlora_actor = method in RLHF_METHODS and values.get("actor") == "qlora"
+    if no_double_quant and method != "qlora" and not qlora_actor:
+        raise TrainplanError(
+            "no_double_quant",
+            f"--no-double-quant describes QLoRA's 4-bit quantization constants; it needs --method qlora, "
+            f"not {method}; drop it or use --method qlora",
+        )
     if method in ("lora", "qlora"):
         rank = rank if rank is not None else _default(LoRASpec, "rank")
+        if targets is not None and not str(targets).strip():
+            raise TrainplanError("lora_targets", "empty; name modules among " + ",".join(LORA_TARGETS))
         lora = LoRASpec(
             rank=rank,
             alpha=2.0 * rank,
             targets=tuple(t.strip() for t in targets.split(",")) if targets else LORA_TARGETS,
-            double_quant=not values.get("no_double_quant", False),
+            double_quant=not no_double_quant,
         )
-    elif (rank is not None or targets) and (
+    elif (rank is not None or targets is not None) and (
         method not in RLHF_METHODS or values.get("actor") not in ("lora", "qlora")
     ):
+        field = "lora_rank" if rank is not None else "lora_targets"
         raise TrainplanError(
-            "lora_rank",
+            field,
             f"--lora-rank/--lora-targets need --method lora or qlora (or an RLHF method with "
-            f"--actor lora), not {method}",
+            f"--actor lora), not {method}; drop them or add --method lora",
         )
     applied = engine_settings(values)
     check_capabilities(applied, recompute=values.get("recompute"), zero=None)
+    _check_recipe_flags_apply(values)
     return Recipe(
         method=method,
         precision=values["precision"],
@@ -1333,6 +1357,49 @@ def engine_settings(values: Mapping[str, Any]) -> Applied:
     return resolve(values)
 
 
+def _check_recipe_flags_apply(values: Mapping[str, Any]) -> None:
+    """Recipe switches that would change nothing with the other values given are refused
+    (a value left open for the planner, ``None``, is not judged)."""
+    if values.get("no_master_weights") and values.get("precision") == "fp32":
+        raise TrainplanError(
+            "no_master_weights",
+            "fp32 training keeps no separate master copy (the weights are fp32 already), so "
+            "--no-master-weights changes nothing; drop it or use a 16-bit --precision",
+        )
+
+
+def _check_layout_flags_apply(values: Mapping[str, Any], layout: Layout) -> None:
+    """Layout options that would change nothing on this layout are refused with the reason (the
+    options the request gives; an engine's own settings apply where they mean something):
+    gradient synchronisation options without data or context parallelism, autograd gradient
+    accumulation with one micro-batch per step (the main-gradient buffer of ``main_grad`` costs
+    time even then). A ZeRO stage over one rank is answered: it is the stage a published
+    config names, sharded over dp·cp = 1."""
+    shards = layout.dp * layout.cp
+    if shards == 1:
+        if layout.zero == 3 and values.get("zero3_granularity") not in (None, "block"):
+            raise TrainplanError(
+                "zero3_granularity",
+                "with dp·cp = 1 ZeRO-3 shards nothing and gathers nothing, so the gather granularity "
+                "changes nothing; drop --zero3-granularity, or use more --devices",
+            )
+        if values.get("no_overlap_grad_reduce"):
+            raise TrainplanError(
+                "no_overlap_grad_reduce",
+                "with dp·cp = 1 there is no gradient reduction to overlap; drop --no-overlap-grad-reduce, "
+                "or use more --devices",
+            )
+    global_batch, micro = values.get("global_batch"), values.get("micro_batch")
+    one_micro_batch = global_batch is None or (isinstance(micro, int) and global_batch == layout.dp * micro)
+    if one_micro_batch and values.get("grad_accumulation") == "autograd":
+        raise TrainplanError(
+            "grad_accumulation",
+            "with one micro-batch per step autograd accumulates nothing (its first backward writes "
+            ".grad as the fused GEMM does), so --grad-accumulation autograd changes nothing; drop it, "
+            "or give a --global-batch above dp × micro-batch",
+        )
+
+
 def build_layout(values: Mapping[str, Any]) -> Layout:
     """The :class:`~trainplan.layout.Layout` the layout fields in ``values`` describe
     (dp = devices / (tp·pp·cp)).
@@ -1352,7 +1419,7 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
     for name in ("tp_comm_overlap", "pp_comm_overlap", "zero3_granularity"):
         if name in explicit:
             applied[name] = getattr(options, name)
-    return Layout.for_devices(
+    layout = Layout.for_devices(
         values["devices"],
         tp=values["tp"],
         pp=values["pp"],
@@ -1364,6 +1431,8 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
         virtual_stages=values["virtual_stages"],
         **applied,  # type: ignore[arg-type]
     )
+    _check_layout_flags_apply(values, layout)
+    return layout
 
 
 def build_layout_options(values: Mapping[str, Any]) -> LayoutOptions:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
 from trainplan.errors import LayoutError
+from trainplan.limits import MAX_DEVICES, MAX_LAYERS, check_int
 from trainplan.models.spec import ModelSpec
 
 ZeroStage = Literal[0, 1, 2, 3]
@@ -156,11 +157,20 @@ class Layout:
     grad_accumulation: GradAccumulation = "fused"  # see GRAD_ACCUMULATIONS
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise LayoutError(name, f"must be a positive integer, got {v!r}")
-        if self.zero not in ZERO_STAGES:
+        for name in ("dp", "tp", "pp", "cp", "ep"):
+            check_int(name, getattr(self, name), high=MAX_DEVICES, error=LayoutError, what="devices")
+        check_int("virtual_stages", self.virtual_stages, high=MAX_LAYERS, error=LayoutError, what="chunks")
+        check_int(
+            "devices",
+            self.dp * self.tp * self.pp * self.cp,
+            high=MAX_DEVICES,
+            error=LayoutError,
+            what="devices",
+        )
+        for name in ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "pp_comm_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise LayoutError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
             raise LayoutError(
                 "zero", f"ZeRO stage must be 0, 1, 2 or 3 (FSDP full shard = 3), got {self.zero!r}"
             )
@@ -238,11 +248,9 @@ class Layout:
         grad_accumulation: GradAccumulation = "fused",
     ) -> Layout:
         """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
-        if not isinstance(devices, int) or devices <= 0:
-            raise LayoutError("devices", f"must be a positive integer, got {devices!r}")
+        check_int("devices", devices, high=MAX_DEVICES, error=LayoutError, what="devices")
         for name, v in (("tp", tp), ("pp", pp), ("cp", cp)):
-            if not isinstance(v, int) or v <= 0:
-                raise LayoutError(name, f"must be a positive integer, got {v!r}")
+            check_int(name, v, high=MAX_DEVICES, error=LayoutError, what="devices")
         model_parallel = tp * pp * cp
         if devices % model_parallel != 0:
             raise LayoutError(

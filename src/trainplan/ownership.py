@@ -38,9 +38,10 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from trainplan.cost import DEFAULT_PUE, IDLE_POWER_FRACTION
+from trainplan.cost import DEFAULT_PUE, IDLE_POWER_FRACTION, MAX_PUE
 from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
+from trainplan.limits import check_real
 
 HOURS_PER_YEAR: Final = 8760.0
 NODE_POWER_PER_ACCELERATOR_TDP: Final = 10_200.0 / (8 * 700.0)
@@ -55,6 +56,10 @@ DEFAULT_USD_PER_KWH: Final = 0.08
 DEFAULT_USD_PER_KW_MONTH: Final = 150.0
 """Colocation space and cooling per kW of IT load per month (assumption: wholesale colocation)."""
 DEFAULT_YEARS: Final = 4.0
+MAX_YEARS: Final = 30.0
+"""Longest service life accepted (accelerators are written off in 3-6 years)."""
+MAX_NODE_PRICE_USD: Final = 1e9
+"""Dearest node accepted: a billion dollars, far above any server (an 8-GPU node is ~$0.3M)."""
 """Amortisation period (assumption; accelerators are commonly depreciated over 4-6 years)."""
 DEFAULT_UTILISATION: Final = 0.7
 """Fraction of the hours the owned accelerators train (assumption)."""
@@ -105,6 +110,11 @@ class Ownership:
             )
         if not self.pue >= 1.0 or not math.isfinite(self.pue):
             raise TrainplanError("pue", f"PUE is at least 1.0, got {self.pue!r}")
+        # bounds far above any real purchase (trainplan.limits): a 10^308-year or 10^308-dollar
+        # input would print infinities or hundred-digit prices
+        check_real("years", self.years, low=0.0, high=MAX_YEARS, what="years of service")
+        check_real("node_price_usd", self.node_price_usd, low=0.0, high=MAX_NODE_PRICE_USD, what="USD")
+        check_real("pue", self.pue, low=1.0, high=MAX_PUE)
         if self.accelerator.tdp_w is None:
             raise TrainplanError(
                 "hardware", f"{self.accelerator.name} has no TDP in the catalog: its power cannot be costed"

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from trainplan.bands import Band, FitVerdict, fit_verdict, memory_band, step_band
 from trainplan.cost import DEFAULT_PUE, RunCost, run_cost
 from trainplan.errors import RecipeError, TrainplanError
+from trainplan.flops import mfu_definition
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability, checkpoint_bytes
 from trainplan.hardware.prices import OPEN, PriceQuery
 from trainplan.hardware.system import System
@@ -34,7 +35,7 @@ from trainplan.layout import Layout
 from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Recipe
+from trainplan.recipe import Recipe, check_model_recipe
 from trainplan.rlhf import (
     RLHFEstimate,
     RLHFSpec,
@@ -140,6 +141,7 @@ class Estimate:
                 **self.throughput.to_dict(),
                 "tokens_per_s_per_device": self.throughput.tokens_per_s / self.system.num_devices,
                 "tokens_per_s_band": list(self.step_band.around_inverse(self.throughput.tokens_per_s)),
+                "mfu_definition": mfu_definition(self.recipe),
             },
             "run": self._run_dict(),
             "calibration": self.calibration(),
@@ -237,6 +239,54 @@ def check_precision(system: System, recipe: Recipe) -> None:
         )
 
 
+QLORA_BACKENDS: Final[dict[str, str]] = {
+    "NVIDIA": "CUDA",
+    "AMD": "ROCm (bitsandbytes >= 0.48, official from 0.50)",
+    "Intel": "Gaudi HPU (bitsandbytes >= 0.48)",
+}
+"""Vendors with a 4-bit (NF4) kernel library for QLoRA: bitsandbytes' backends. Sources: the
+bitsandbytes installation guide, v0.48.1 ("official support for NVIDIA GPUs, CPUs, Intel XPUs,
+and Intel Gaudi platforms ... experimental support for ... AMD ROCm",
+https://huggingface.co/docs/bitsandbytes/v0.48.1/installation) and v0.50.2 ("official support for
+NVIDIA GPUs, AMD GPUs, Intel XPUs, Apple Silicon, and Intel Gaudi",
+https://huggingface.co/docs/bitsandbytes/v0.50.2/en/installation.md). Google TPUs, AWS Trainium
+and Cerebras have none."""
+
+WEIGHT_STREAMING_FAMILIES: Final = ("WSE",)
+"""Accelerator families that train by weight streaming (Cerebras WSE: weights and optimizer
+states in external MemoryX, streamed layer by layer, activations on the wafer; the catalog's
+notes): the device-memory fit and the GPU step-time model do not describe them."""
+
+
+def hardware_refusal(system: System, recipe: Recipe) -> TrainplanError | None:
+    """Why ``recipe`` cannot be estimated on ``system``'s accelerator, or ``None``: an
+    execution model trainplan does not have, or a kernel library the accelerator lacks."""
+    acc = system.accelerator
+    if acc.family in WEIGHT_STREAMING_FAMILIES:
+        return TrainplanError(
+            "hardware",
+            f"{acc.name} trains by weight streaming (weights and optimizer states stream from external "
+            "MemoryX memory layer by layer; only activations live on the wafer), which trainplan does not "
+            f"model: its {acc.memory_bytes / 1e9:.0f} GB of on-wafer SRAM is not a GPU's device memory; "
+            "choose another accelerator",
+        )
+    if recipe.method == "qlora" and acc.vendor not in QLORA_BACKENDS:
+        return RecipeError(
+            "method",
+            f"qlora needs a 4-bit (NF4) kernel library; bitsandbytes has backends for "
+            f"{', '.join(QLORA_BACKENDS)} accelerators, not {acc.vendor} ({acc.name}); "
+            "use --method lora, or an accelerator with a bitsandbytes backend",
+        )
+    return None
+
+
+def check_hardware(system: System, recipe: Recipe) -> None:
+    """Raise :func:`hardware_refusal`'s error, if any."""
+    refusal = hardware_refusal(system, recipe)
+    if refusal is not None:
+        raise refusal
+
+
 def estimate(
     system: System,
     model: ModelSpec,
@@ -271,6 +321,8 @@ def estimate(
             f"{layout.num_devices} devices but the system has {system.num_devices}",
         )
     layout.check_model(model)
+    check_model_recipe(model, recipe)
+    check_hardware(system, recipe)
     check_precision(system, recipe)
     spec = rlhf_spec(model, recipe, rlhf)
     if spec is not None and memory_margin:

@@ -19,9 +19,21 @@ FP32 optimizer; only GEMM inputs are cast), so they save time, not model-state m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import TYPE_CHECKING, Final, Literal, get_args
 
 from trainplan.errors import RecipeError
+
+if TYPE_CHECKING:
+    from trainplan.models.spec import ModelSpec
+from trainplan.limits import (
+    MAX_SEQ_LEN,
+    MAX_SEQUENCES,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    MIN_TOKENS,
+    check_int,
+    check_real,
+)
 
 Method = Literal["pretrain", "full", "lora", "qlora", "dpo", "ppo", "grpo", "rm"]
 """``dpo``, ``ppo``, ``grpo`` and ``rm`` (reward-model training) are modelled by :mod:`trainplan.rlhf`."""
@@ -126,14 +138,19 @@ class LoRASpec:
     double_quant_block: int = 256
 
     def __post_init__(self) -> None:
-        if self.rank <= 0:
-            raise RecipeError("lora_rank", f"must be a positive integer, got {self.rank}")
+        check_int("lora_rank", self.rank, high=MAX_WIDTH, error=RecipeError)
+        check_real("lora_alpha", self.alpha, low=0.0, high=float(MAX_WIDTH), error=RecipeError)
+        if isinstance(self.targets, str) or not isinstance(self.targets, tuple | list):
+            raise RecipeError("lora_targets", f"must be a tuple of module names, got {self.targets!r}")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        if not isinstance(self.double_quant, bool):
+            raise RecipeError("double_quant", f"must be true or false, got {self.double_quant!r}")
         if not self.targets:
             raise RecipeError("lora_targets", "name at least one module: " + ", ".join(LORA_TARGETS))
         for t in self.targets:
             _check_choice("lora_targets", t, LORA_TARGETS)
-        if self.quant_block <= 0 or self.double_quant_block <= 0:
-            raise RecipeError("quant_block", "quantization block sizes must be positive")
+        check_int("quant_block", self.quant_block, high=MAX_WIDTH, error=RecipeError)
+        check_int("double_quant_block", self.double_quant_block, high=MAX_WIDTH, error=RecipeError)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,18 +242,33 @@ class Recipe:
         _check_choice("attention", self.attention, ATTENTIONS)
         _check_choice("offload", self.offload, OFFLOADS)
         _check_choice("stack", self.stack, STACKS)
-        for name in ("seq_len", "micro_batch"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise RecipeError(name, f"must be a positive integer, got {v!r}")
-        if self.global_batch is not None and (
-            not isinstance(self.global_batch, int) or self.global_batch <= 0
+        check_int("seq_len", self.seq_len, high=MAX_SEQ_LEN, error=RecipeError, what="tokens per sequence")
+        check_int("micro_batch", self.micro_batch, high=MAX_SEQUENCES, error=RecipeError, what="sequences")
+        if self.global_batch is not None:
+            check_int(
+                "global_batch", self.global_batch, high=MAX_SEQUENCES, error=RecipeError, what="sequences"
+            )
+        if self.tokens is not None:
+            if (
+                isinstance(self.tokens, int | float)
+                and not isinstance(self.tokens, bool)
+                and not self.tokens > 0
+            ):
+                raise RecipeError("tokens", f"must be positive, got {self.tokens!r}")
+            check_real(
+                "tokens", self.tokens, low=MIN_TOKENS, high=MAX_TOKENS, error=RecipeError, what="tokens"
+            )
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, int | float)
+            or not 0.0 <= self.dropout < 1.0
         ):
-            raise RecipeError("global_batch", f"must be a positive integer, got {self.global_batch!r}")
-        if self.tokens is not None and not self.tokens > 0:
-            raise RecipeError("tokens", f"must be positive, got {self.tokens!r}")
-        if not 0.0 <= self.dropout < 1.0:
             raise RecipeError("dropout", f"must be in [0, 1), got {self.dropout!r}")
+        for name in ("master_weights", "optimizer_in_backward", "paged_optimizer"):
+            if not isinstance(getattr(self, name), bool):
+                raise RecipeError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.lora is not None and not isinstance(self.lora, LoRASpec):
+            raise RecipeError("lora_rank", f"lora must be a LoRASpec, got {self.lora!r}")
         if not isinstance(self.loss_chunks, int) or self.loss_chunks <= 0:
             raise RecipeError("loss_chunks", f"must be a positive integer, got {self.loss_chunks!r}")
         if self.loss_chunks > self.seq_len:
@@ -263,6 +295,14 @@ class Recipe:
             )
         if self.method in ("lora", "qlora") and self.lora is None:
             object.__setattr__(self, "lora", LoRASpec())
+        if self.method == "lora" and self.lora is not None:
+            plain = LoRASpec(rank=self.lora.rank, alpha=self.lora.alpha, targets=self.lora.targets)
+            if self.lora != plain:
+                raise RecipeError(
+                    "no_double_quant",
+                    "quant_block, double_quant and double_quant_block describe QLoRA's 4-bit base weights; "
+                    "a LoRA base is not quantized: leave them at their defaults, or use method qlora",
+                )
         if self.method not in ("lora", "qlora") and self.lora is not None:
             raise RecipeError(
                 "lora_rank", f"LoRA settings given but method is {self.method!r}; use --method lora"
@@ -317,3 +357,49 @@ class Recipe:
     def optimizer_state_dtype(self) -> str:
         """FP32 moments with mixed precision and fp32; the weight dtype for pure 16-bit training."""
         return "fp32" if self.precision == "fp32" or self.master_weights else self.weight_dtype
+
+
+def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
+    """Recipe settings the model cannot take, refused with the reason and the fix.
+
+    * A sequence longer than a learned position table (GPT-2 ``wpe``: ``n_positions`` rows): the
+      model has no position embedding for the later tokens. Rotary, ALiBi and position-free models
+      take any length.
+    * A LoRA rank above the smaller side of an adapted matrix: ``ΔW = B·A`` (``B``: out×r, ``A``:
+      r×in) has rank at most ``min(in, out)`` (Hu et al. 2021, Sec. 4.1), so a larger ``r`` adds
+      parameters and FLOPs, not capacity; at ranks near the hidden size the adapters outgrow the
+      base model.
+    """
+    if model.position == "learned" and recipe.seq_len > model.max_seq_len:
+        raise RecipeError(
+            "seq_len",
+            f"{model.name} has a learned position table of {model.max_seq_len} positions; a sequence of "
+            f"{recipe.seq_len} tokens has no embedding past position {model.max_seq_len}; "
+            f"use --seq-len {model.max_seq_len} or less",
+        )
+    if recipe.lora is not None:
+        _check_lora_rank(model, recipe.lora)
+
+
+def _check_lora_rank(model: ModelSpec, lora: LoRASpec) -> None:
+    from trainplan.flops import _lora_linear_dims
+
+    layers = {0}
+    if model.moe is not None:
+        layers.add(next(i for i in range(model.num_layers) if model.is_moe_layer(i)))
+    sides = [
+        (min(n_in, n_out), target, n_in, n_out)
+        for target in lora.targets
+        for i in sorted(layers)
+        for n_in, n_out, _, _ in _lora_linear_dims(model, i, target)
+    ]
+    if not sides:
+        return
+    side, target, n_in, n_out = min(sides)
+    if lora.rank > side:
+        raise RecipeError(
+            "lora_rank",
+            f"rank {lora.rank} exceeds the smaller side of {model.name}'s {target!r} matrix "
+            f"({n_in} in × {n_out} out): an adapter B·A has rank at most {side}; "
+            f"use --lora-rank {side} or less (typical ranks are 8-256)",
+        )

@@ -688,13 +688,14 @@ def step_time(
     the calibrated value of the device's generation, or 1 (uncalibrated, noted) when there is none.
     """
     acc = system.accelerator
-    notes: list[str] = []
+    notes: list[str] = list(model.approximations)
     if kappa is None:
         cal = calibrated_kappa(acc.name, recipe.stack)
         if cal is None:
             kappa = 1.0
             notes.append(
-                f"{acc.name}: no calibrated training-stack factor; microbenchmark efficiencies only (optimistic)"
+                f"{acc.name}: no calibrated {recipe.stack} training-stack factor; microbenchmark "
+                "efficiencies only (optimistic)"
             )
         else:
             kappa = cal

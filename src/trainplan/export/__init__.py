@@ -33,7 +33,7 @@ from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import RLHF_METHODS, Recipe
 
-__all__ = ["TARGETS", "ExportResult", "export_plan"]
+__all__ = ["TARGETS", "ExportResult", "export_plan", "write_text"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +45,30 @@ class ExportResult:
     text: str
     filename: str
     warnings: tuple[str, ...] = ()
+
+
+def write_text(path: str, text: str, *, field: str = "output") -> None:
+    """Write ``text`` to the file ``path`` (UTF-8), or raise a :class:`TrainplanError` naming
+    ``field``: a directory, a missing directory, a full disk, no permission, a name too long."""
+    import errno
+    import os
+
+    if os.path.isdir(path):
+        raise TrainplanError(
+            field, f"'{path}' is a directory; give a file name, e.g. {os.path.join(path, 'config')}"
+        )
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise TrainplanError(
+            field, f"directory '{parent}' does not exist; create it first or write elsewhere"
+        )
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+    except OSError as exc:
+        why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise TrainplanError(field, f"cannot write '{path}': {why}; free space or write elsewhere") from None
 
 
 Renderer = Callable[[System, ModelSpec, Recipe, Layout], tuple[str, tuple[str, ...]]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+import stat
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
@@ -22,6 +23,9 @@ from typing import Final
 
 from trainplan.errors import CatalogError
 from trainplan.hardware.accelerator import Accelerator, CloudOffering, Link
+
+MAX_HARDWARE_FILE_BYTES: Final = 1_000_000
+"""Largest user catalog file read (the built-in vendor files are about 20 kB each)."""
 
 # Built-in files, listed in this order (others after them, alphabetically).
 _FILE_ORDER: Final = ("nvidia.toml", "amd.toml", "google.toml", "aws.toml", "intel.toml", "cerebras.toml")
@@ -211,15 +215,35 @@ def _check_unique(accs: Iterable[Accelerator], label: str) -> None:
 
 def load_hardware_file(path: str | Path) -> list[Accelerator]:
     """Read and validate a user catalog file of the built-in schema."""
+    if not isinstance(path, str | Path):
+        raise CatalogError("hardware_file", f"expected the path of a TOML file, got {path!r}")
     p = Path(path)
     try:
+        info = p.stat()  # stat, not open: opening a FIFO would wait for a writer
+        if not stat.S_ISREG(info.st_mode):
+            raise CatalogError("hardware_file", f"{p} is not a regular file; pass the path of a TOML file")
+        if info.st_size > MAX_HARDWARE_FILE_BYTES:
+            raise CatalogError(
+                "hardware_file",
+                f"{p} is {info.st_size:,} bytes, over the {MAX_HARDWARE_FILE_BYTES:,}-byte limit of a catalog file",
+            )
         raw = p.read_bytes()
+    except CatalogError:
+        raise
     except OSError as err:
-        raise CatalogError("hardware_file", f"cannot read {p}: {err.strerror}; check the path") from None
+        raise CatalogError(
+            "hardware_file", f"cannot read {p}: {err.strerror or err}; check the path"
+        ) from None
+    except ValueError as err:  # a NUL byte in the path
+        raise CatalogError("hardware_file", f"cannot read {path!r}: {err}; check the path") from None
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise CatalogError("hardware_file", f"{p} is not valid TOML: {err}") from None
+    except RecursionError:
+        raise CatalogError(
+            "hardware_file", f"{p} nests arrays or tables too deep to be a catalog file"
+        ) from None
     return parse_document(doc, str(p))
 
 
@@ -263,6 +287,7 @@ def find_builtin(name: str) -> Accelerator | None:
     """The built-in entry named (or aliased) ``name`` — the entry :func:`find` picks in the whole
     catalog — parsing only the ``[[accelerator]]`` tables whose text quotes the name (a whole
     vendor file takes milliseconds to parse); ``None`` when none has it."""
+    check_name(name)
     q = _normalise(name)
     quoted = (f'"{q}"', f"'{q}'")
     for file in _FILE_ORDER:
@@ -275,12 +300,23 @@ def find_builtin(name: str) -> Accelerator | None:
     return None
 
 
+def check_name(name: object) -> None:
+    """An accelerator name is a string (``get_accelerator(2)`` is a typed error)."""
+    if not isinstance(name, str):
+        raise CatalogError(
+            "hardware", f"expected an accelerator name (a string), got {name!r}; `trainplan hardware list`"
+        )
+
+
 def _normalise(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
 def all_accelerators(extra_files: Sequence[str | Path] = ()) -> tuple[Accelerator, ...]:
-    """Built-ins followed by the entries of ``extra_files`` (names must not collide)."""
+    """Built-ins followed by the entries of ``extra_files`` (names must not collide); one path
+    given alone is a list of one."""
+    if isinstance(extra_files, str | Path):
+        extra_files = [extra_files]
     accs = list(builtin_accelerators())
     for path in extra_files:
         accs.extend(load_hardware_file(path))
@@ -318,6 +354,7 @@ def suggest(query: str, accs: Sequence[Accelerator], limit: int = 4) -> list[str
 
 def find(name: str, accs: Sequence[Accelerator]) -> Accelerator:
     """Look ``name`` up among names and aliases, case-insensitively."""
+    check_name(name)
     q = _normalise(name)
     for acc in accs:
         if q == acc.name or q in acc.aliases:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from trainplan.errors import CatalogError, TrainplanError
 from trainplan.hardware.accelerator import Accelerator, CloudOffering
+from trainplan.limits import MAX_DEVICES, check_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,12 +41,7 @@ class System:
     def __post_init__(self) -> None:
         if not isinstance(self.accelerator, Accelerator):
             raise CatalogError("hardware", "system needs an Accelerator; see `trainplan hardware list`")
-        if (
-            isinstance(self.num_devices, bool)
-            or not isinstance(self.num_devices, int)
-            or self.num_devices <= 0
-        ):
-            raise TrainplanError("num_devices", f"must be a positive integer, got {self.num_devices!r}")
+        check_int("num_devices", self.num_devices, high=MAX_DEVICES, what="devices")
         for key, default in (
             ("devices_per_node", self.accelerator.devices_per_node),
             ("scale_up_domain", self.accelerator.scale_up.domain_size),

@@ -111,6 +111,13 @@ class _Reader:
         self.used.add(key)
         return self.cfg.get(key)
 
+    def req_positive(self, key: str) -> int:
+        """A required integer that must be > 0 (a count that divides another)."""
+        value = self.req_int(key)
+        if value == 0:
+            raise self._fail(key, f"'{key}' must be a positive integer, got 0")
+        return value
+
     def req_int(self, key: str, why: str = "") -> int:
         self.used.add(key)
         if key not in self.cfg or self.cfg[key] is None:
@@ -297,7 +304,7 @@ SUPPORTED_MODEL_TYPES: Final = (*_LLAMA_LIKE, "gpt2", "gpt_neox", "opt")
 
 def _read_llama_like(r: _Reader, fam: _Family) -> dict[str, Any]:
     hidden = r.req_int("hidden_size")
-    heads = r.req_int("num_attention_heads")
+    heads = r.req_positive("num_attention_heads")
     kw: dict[str, Any] = {
         "num_layers": r.req_int("num_hidden_layers"),
         "hidden_size": hidden,
@@ -379,7 +386,7 @@ def _read_qwen_moe(r: _Reader, fam: _Family, num_layers: int) -> MoESpec | None:
 def _read_gpt2(r: _Reader) -> dict[str, Any]:
     """transformers models/gpt2: Conv1D c_attn/c_proj/c_fc with biases, learned positions, tied."""
     hidden = r.req_int("n_embd")
-    heads = r.req_int("n_head")
+    heads = r.req_positive("n_head")
     if hidden % heads:
         raise r._fail("n_head", f"n_embd {hidden} is not divisible by n_head {heads}")
     return {
@@ -455,7 +462,7 @@ OPT_POSITION_NOTE: Final = (
 def _read_gpt_neox(r: _Reader) -> dict[str, Any]:
     """transformers models/gpt_neox: fused query_key_value, biases, two LayerNorms, parallel residual."""
     hidden = r.req_int("hidden_size")
-    heads = r.req_int("num_attention_heads")
+    heads = r.req_positive("num_attention_heads")
     if hidden % heads:
         raise r._fail("num_attention_heads", f"hidden_size {hidden} is not divisible by {heads} heads")
     bias = r.opt_bool("attention_bias", True)
@@ -481,13 +488,28 @@ def _read_gpt_neox(r: _Reader) -> dict[str, Any]:
 
 def _notes(cfg: Mapping[str, Any]) -> list[str]:
     notes = []
-    window = cfg.get("sliding_window")
-    uses_window = cfg.get("use_sliding_window", True)  # Qwen gates its window with this flag
-    if window and uses_window:
-        notes.append(f"sliding_window {window}: attention cost is modelled as full causal attention.")
     if cfg.get("quantization_config") is not None:
         notes.append("quantization_config present: counts are of the unquantized architecture.")
     return notes
+
+
+def _approximations(cfg: Mapping[str, Any], name: str) -> list[str]:
+    """What the cost model approximates for this config (:attr:`ModelSpec.approximations`)."""
+    out = []
+    window = cfg.get("sliding_window")
+    uses_window = cfg.get("use_sliding_window", True)  # Qwen gates its window with this flag
+    if window and uses_window:
+        out.append(
+            f"{name}: sliding-window ({window}) attention is costed as full causal attention "
+            f"(an over-estimate of attention FLOPs and time above {window} tokens)"
+        )
+    capped = [k for k in ("attn_logit_softcapping", "final_logit_softcapping") if cfg.get(k)]
+    if capped:
+        out.append(
+            f"{name}: {' and '.join(capped)} (tanh soft-capping) not costed (element-wise work, small "
+            "beside the GEMMs; eager attention materialises the capped scores, which is not counted)"
+        )
+    return out
 
 
 def from_hf_config(cfg: Mapping[str, Any], name: str, *, strict: bool = True, source: str = "") -> ModelSpec:
@@ -547,12 +569,73 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, *, strict: bool = True, so
         )
     if unknown:
         notes.append(f"ignored unknown config keys: {', '.join(unknown)}")
-    return ModelSpec(name=name, family=model_type, source=source, notes=tuple(notes), **kw)
+    return ModelSpec(
+        name=name,
+        family=model_type,
+        source=source,
+        notes=tuple(notes),
+        approximations=tuple(_approximations(cfg, name)),
+        **kw,
+    )
+
+
+MAX_JSON_DEPTH: Final = 64
+"""Deepest nesting of objects and arrays read from a config.json (real configs nest 3-4 deep)."""
+
+
+def _json_depth_ok(text: str) -> bool:
+    """Whether brackets outside strings nest at most :data:`MAX_JSON_DEPTH` deep (checked before
+    parsing, so that no recursion limit is reached inside the JSON decoder)."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def _parse_json(text: str, p: Path) -> Any:
+    """``text`` parsed as JSON, with typed errors for bad JSON, deep nesting and huge integers."""
+    if not _json_depth_ok(text):
+        raise ModelError(
+            "model", f"'{p}' nests objects or arrays more than {MAX_JSON_DEPTH} deep; pass a config.json"
+        )
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelError(
+            "model", f"'{p}' is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    except (ValueError, RecursionError) as exc:  # an integer of more than 4300 digits
+        raise ModelError(
+            "model", f"'{p}' holds an integer too long to read (over 4300 digits); pass a config.json"
+        ) from exc
 
 
 def read_config_json(path: str | Path) -> dict[str, Any]:
     """Read a config.json (or a directory holding one) as a JSON object, with clear errors."""
-    p = Path(path).expanduser()
+    try:
+        return _read_config_file(Path(path).expanduser())
+    except OSError as exc:
+        raise ModelError(
+            "model", f"cannot read '{path}': {exc.strerror or exc}; pass the path of a config.json"
+        ) from None
+
+
+def _read_config_file(p: Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     if not p.exists():
@@ -574,12 +657,7 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ModelError("model", f"'{p}' is not UTF-8 text ({exc.reason}); pass a config.json") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ModelError(
-            "model", f"'{p}' is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from exc
+    data = _parse_json(text, p)
     if not isinstance(data, dict):
         raise ModelError(
             "model", f"'{p}' holds a JSON {type(data).__name__}, expected an object of config fields"
@@ -594,8 +672,8 @@ def load_hf_config(path: str | Path, *, name: str | None = None, strict: bool = 
     ``Llama-2-7b-hf``), or the file's stem when it is not called config.json.
     """
     p = Path(path).expanduser()
+    cfg = read_config_json(p)
     file = p / "config.json" if p.is_dir() else p
-    cfg = read_config_json(file)
     if name is None:
         name = file.parent.name if file.name == "config.json" and file.parent.name else file.stem
     return from_hf_config(cfg, name, strict=strict, source=str(file.resolve()))

@@ -51,8 +51,11 @@ def spec_from_mapping(name: str, entry: dict[str, Any], *, where: str) -> ModelS
                 f"{where}: unknown key '{bad[0]}'; MoESpec fields are {', '.join(sorted(_MOE_FIELDS))}",
             )
         moe = MoESpec(**moe_entry)
-    if "notes" in entry:
-        entry["notes"] = tuple(entry["notes"])
+    for key in ("notes", "approximations"):
+        if key in entry:
+            if not isinstance(entry[key], list):
+                raise ModelError(key, f"{where}: '{key}' must be a list of strings")
+            entry[key] = tuple(entry[key])
     try:
         return ModelSpec(name=name, moe=moe, **entry)
     except TypeError as exc:  # a required field is missing
@@ -104,6 +107,15 @@ def get_preset(name: str) -> ModelSpec:
     )
 
 
+def _exists(name: str) -> bool:
+    """Whether ``name`` names a file system entry; a name the file system cannot hold (too long,
+    a NUL byte) names none."""
+    try:
+        return Path(name).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def _looks_like_path(name_or_path: str) -> bool:
     return name_or_path.endswith(".json") or "/" in name_or_path or "\\" in name_or_path
 
@@ -117,11 +129,17 @@ def load_model(name_or_path: str, *, strict: bool = True) -> ModelSpec:
     """
     from trainplan.models.hf import load_hf_config
 
+    if not isinstance(name_or_path, str):
+        raise ModelError(
+            "model",
+            f"expected a preset name or a config.json path (a string), got {name_or_path!r}; "
+            "`trainplan models` lists presets",
+        )
     key = name_or_path.strip()
     if not key:
         raise ModelError("model", "empty model name; `trainplan models` lists presets")
     if key.lower() in _presets():
         return _presets()[key.lower()]
-    if _looks_like_path(key) or Path(key).exists():
+    if _looks_like_path(key) or _exists(key):
         return load_hf_config(key, strict=strict)
     return get_preset(key)

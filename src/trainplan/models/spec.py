@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Literal, get_args
 
 from trainplan.errors import ModelError
+from trainplan.limits import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_SEQ_LEN, MAX_VOCAB, MAX_WIDTH, check_int
 
 Activation = Literal["gelu", "swiglu", "geglu", "relu"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -42,16 +43,26 @@ class MoESpec:
     router_bias: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("num_experts", "top_k", "expert_ffn_hidden", "layer_freq"):
-            if getattr(self, name) <= 0:
-                raise ModelError(f"moe.{name}", f"must be a positive integer, got {getattr(self, name)}")
+        for name, high in (
+            ("num_experts", MAX_EXPERTS),
+            ("top_k", MAX_EXPERTS),
+            ("expert_ffn_hidden", MAX_WIDTH),
+            ("layer_freq", MAX_LAYERS),
+        ):
+            check_int(f"moe.{name}", getattr(self, name), high=high, error=ModelError)
+        for name, high in (
+            ("num_shared_experts", MAX_EXPERTS),
+            ("shared_expert_ffn_hidden", MAX_WIDTH),
+            ("first_dense_layers", MAX_LAYERS),
+        ):
+            check_int(f"moe.{name}", getattr(self, name), low=0, high=high, error=ModelError)
+        for name in ("shared_expert_gate", "router_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ModelError(f"moe.{name}", f"must be true or false, got {getattr(self, name)!r}")
         if self.top_k > self.num_experts:
             raise ModelError(
                 "moe.top_k", f"top_k={self.top_k} exceeds num_experts={self.num_experts}; lower top_k"
             )
-        for name in ("num_shared_experts", "shared_expert_ffn_hidden", "first_dense_layers"):
-            if getattr(self, name) < 0:
-                raise ModelError(f"moe.{name}", f"must be >= 0, got {getattr(self, name)}")
 
     @property
     def shared_width(self) -> int:
@@ -86,12 +97,51 @@ class ModelSpec:
     moe: MoESpec | None = None
     source: str = ""  # where the architecture came from (config URL, paper table)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    approximations: tuple[str, ...] = field(default_factory=tuple)
+    """What the cost model approximates for this architecture (sliding-window or banded attention
+    costed as full causal attention, soft-capping not costed): every estimate of the model carries
+    these among its notes, so an approximate answer says so where it is read."""
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size"):
-            if getattr(self, name) <= 0:
-                raise ModelError(name, f"must be a positive integer, got {getattr(self, name)}")
-        if self.ffn_hidden < 0 or (self.ffn_hidden == 0 and self.moe is None):
+        if not isinstance(self.name, str) or not isinstance(self.family, str):
+            raise ModelError("name", f"name and family must be strings, got {self.name!r}, {self.family!r}")
+        for name, high in (
+            ("num_layers", MAX_LAYERS),
+            ("hidden_size", MAX_WIDTH),
+            ("num_heads", MAX_HEADS),
+            ("num_kv_heads", MAX_HEADS),
+            ("head_dim", MAX_WIDTH),
+            ("vocab_size", MAX_VOCAB),
+            ("max_seq_len", MAX_SEQ_LEN),
+        ):
+            check_int(name, getattr(self, name), high=high, error=ModelError)
+        check_int("ffn_hidden", self.ffn_hidden, low=0, high=MAX_WIDTH, error=ModelError)
+        if self.moe is not None and not isinstance(self.moe, MoESpec):
+            raise ModelError("moe", f"must be a MoESpec or None, got {self.moe!r}")
+        for name in ("activation", "norm", "position"):
+            choices = get_args({"activation": Activation, "norm": Norm, "position": Position}[name])
+            if getattr(self, name) not in choices:
+                raise ModelError(
+                    name, f"unknown value {getattr(self, name)!r}; choose one of {', '.join(choices)}"
+                )
+        for name in (
+            "tied_embeddings",
+            "qkv_bias",
+            "attn_out_bias",
+            "mlp_bias",
+            "qk_norm",
+            "qk_norm_full_width",
+            "post_norms",
+            "parallel_attn_mlp",
+        ):
+            if not isinstance(getattr(self, name), bool):
+                raise ModelError(name, f"must be true or false, got {getattr(self, name)!r}")
+        for name in ("notes", "approximations"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple | list) or not all(isinstance(n, str) for n in value):
+                raise ModelError(name, f"must be a tuple of strings, got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+        if self.ffn_hidden == 0 and self.moe is None:
             raise ModelError("ffn_hidden", f"must be positive for a dense model, got {self.ffn_hidden}")
         if self.num_heads % self.num_kv_heads != 0:
             raise ModelError(

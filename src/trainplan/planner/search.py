@@ -45,6 +45,7 @@ from trainplan.hardware.prices import (
 from trainplan.hardware.system import System
 from trainplan.inputs import DEFAULT_MAX_DEVICES, OBJECTIVES
 from trainplan.layout import DEFAULT_LAYOUT_OPTIONS, Layout, LayoutOptions, nearest_micro_batches
+from trainplan.limits import MAX_DEVICES, check_int
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.bulk import (
     INVALID_REASONS,
@@ -55,7 +56,7 @@ from trainplan.planner.bulk import (
     Core,
     Segments,
 )
-from trainplan.predict import Estimate, estimate
+from trainplan.predict import Estimate, estimate, hardware_refusal
 from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, Offload, Precision, Recipe, Recompute
 from trainplan.terms import TERM_GROUPS, TIME_TERMS
 from trainplan.units import fmt_bytes, fmt_duration
@@ -95,8 +96,11 @@ class SearchSpace:
         for p in self.precisions:
             if p not in PRECISIONS:
                 raise TrainplanError("precision", f"unknown precision {p!r}; choose {', '.join(PRECISIONS)}")
-        if self.max_devices <= 0:
-            raise TrainplanError("max_devices", f"must be a positive integer, got {self.max_devices}")
+        for n in self.device_counts or ():
+            check_int("devices", n, high=MAX_DEVICES, what="devices")
+        check_int("max_devices", self.max_devices, high=MAX_DEVICES, what="devices")
+        for name in ("max_tp", "max_pp"):
+            check_int(name, getattr(self, name), high=MAX_DEVICES, what="devices")
         for z in self.zero_stages:
             if z not in (0, 1, 2, 3):
                 raise TrainplanError("zero", f"ZeRO stage must be 0-3, got {z}")
@@ -480,6 +484,8 @@ def enumerate_candidates(
     seg_block: list[int] = []
     seg_len: list[int] = []
     for a, acc in enumerate(accelerators):
+        if acc.name in skipped:  # refused before the search (predict.hardware_refusal)
+            continue
         allowed: set[str] = {p for p in precs if _precision_ok(acc, p)}
         if not allowed:
             skipped[acc.name] = (
@@ -988,6 +994,10 @@ def plan(
     cores, invalid_cores = enumerate_cores(model, base, space, max_domain)
     pruned: dict[str, int] = {}
     skipped: dict[str, str] = {}
+    for acc in accs:
+        not_modelled = hardware_refusal(System(accelerator=acc, num_devices=1), base)
+        if not_modelled is not None:
+            skipped[acc.name] = not_modelled.message
     cand = enumerate_candidates(cores, accs, space, pruned, skipped, base.global_batch)
     ev = BulkEvaluator(
         model,

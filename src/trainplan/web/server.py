@@ -6,11 +6,17 @@ bad input (any :class:`~trainplan.errors.TrainplanError`), 404/405/413 for bad r
 with a one-line message — a traceback goes to the server's log, never into a response.
 
 Bound to loopback (the default), the server answers only requests whose ``Host`` is a loopback
-name, so a web site open in the same browser cannot reach it through DNS rebinding.
+name with the bound port, so a web site open in the same browser cannot reach it through DNS
+rebinding, and whose ``Origin`` (when the browser sends one) is the server's own: a cross-site
+``fetch`` or form post — a "simple" ``text/plain`` POST needs no CORS preflight — is answered 403
+before its body is read. ``Sec-Fetch-Site: cross-site`` is refused the same way. Malformed
+requests, unknown methods and unsupported HTTP versions are 4xx JSON errors; a client that hangs
+up or stalls (``TIMEOUT_S``) is dropped without a traceback in the log.
 """
 
 from __future__ import annotations
 
+import email.message
 import ipaddress
 import json
 import sys
@@ -91,12 +97,28 @@ def _is_loopback_host(host: str) -> bool:
         return False
 
 
-def _host_name(header: str) -> str:
-    """``Host`` header without the port (``[::1]:8321`` → ``::1``)."""
+def _host_port(header: str) -> tuple[str, int | None]:
+    """``Host`` header as (name, port); the port is ``None`` when absent, -1 when not a number."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        end = header.find("]")
+        if end < 0:
+            return header, None
+        name, rest = header[1:end], header[end + 1 :]
+    elif header.count(":") == 1:
+        name, rest = header.split(":", 1)
+        rest = ":" + rest
+    else:
+        name, rest = header, ""
+    if not rest:
+        return name, None
+    digits = rest[1:] if rest.startswith(":") else ""
+    return name, int(digits) if digits.isdigit() and len(digits) <= 5 else -1
+
+
+TIMEOUT_S: Final = 30.0
+"""Seconds a connection may stall (sending its request or body) before it is dropped."""
+HTTP_DEFAULT_PORT: Final = 80
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -104,6 +126,11 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "trainplan"
     sys_version = ""
+    timeout = TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.timeout_s)
 
     # --- plumbing ---------------------------------------------------------------------------
     def log_message(self, format: str, *args: Any) -> None:
@@ -131,12 +158,55 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, field: str | None, message: str) -> None:
         self._json(status, {"error": {"field": field, "message": message}})
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (malformed request line or headers, unknown method, HTTP
+        version) as JSON; an unknown method is 405 and an unsupported version 400, not 5xx."""
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command!r} is not supported"
+        elif code == HTTPStatus.HTTP_VERSION_NOT_SUPPORTED:
+            code = HTTPStatus.BAD_REQUEST
+        self.close_connection = True
+        if not hasattr(self, "headers"):  # the request line itself was bad: no headers parsed
+            self.headers = email.message.Message()
+        if not getattr(self, "command", None):
+            self.command = ""
+        if self.request_version == "HTTP/0.9":  # no status line is possible in HTTP/0.9
+            self.request_version = "HTTP/1.0"
+        self._error(code, None, message or HTTPStatus(code).phrase)
+
     def _host_ok(self) -> bool:
         if not self.server.loopback_only:
             return True
-        if _is_loopback_host(_host_name(self.headers.get("Host", ""))):
+        name, port = _host_port(self.headers.get("Host", ""))
+        bound = self.server.port
+        if not _is_loopback_host(name):
+            self._error(HTTPStatus.FORBIDDEN, "Host", "this server answers loopback host names only")
+            return False
+        if (port if port is not None else HTTP_DEFAULT_PORT) != bound:
+            self._error(HTTPStatus.FORBIDDEN, "Host", f"this server answers on port {bound} only")
+            return False
+        return self._origin_ok()
+
+    def _origin_ok(self) -> bool:
+        """No ``Origin``, or this server's own (``http://`` + the ``Host`` header); no cross-site
+        ``Sec-Fetch-Site``. Browsers send ``Origin`` with every cross-origin request and every POST."""
+        origin = self.headers.get("Origin")
+        site = (self.headers.get("Sec-Fetch-Site") or "").strip().lower()
+        if site == "cross-site":
+            self._error(HTTPStatus.FORBIDDEN, "Origin", "cross-site requests are refused")
+            return False
+        if origin is None:
             return True
-        self._error(HTTPStatus.FORBIDDEN, "Host", "this server answers loopback host names only")
+        origin = origin.strip().lower()
+        if origin.startswith("http://"):
+            name, port = _host_port(origin[len("http://") :])
+            if _is_loopback_host(name) and port == self.server.port:
+                return True
+        self._error(
+            HTTPStatus.FORBIDDEN,
+            "Origin",
+            f"requests from origin {origin[:200]!r} are refused; use the page this server serves",
+        )
         return False
 
     def _body(self) -> object:
@@ -161,6 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
                 status=HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
             )
         raw = self.rfile.read(length)
+        if len(raw) != length:
+            raise api.ApiError("body", f"request body ended after {len(raw)} of {length} bytes")
         self.close_connection = not keep_alive
         try:
             text = raw.decode("utf-8")
@@ -182,6 +254,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(err.status, api.error_body(err))
         except TrainplanError as err:
             self._json(HTTPStatus.BAD_REQUEST, api.error_body(err))
+        except (ConnectionError, TimeoutError):  # the client hung up or stalled: nobody to answer
+            self.close_connection = True
         except Exception as exc:  # a bug: log it, answer one line
             sys.stderr.write(traceback.format_exc())
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, None, f"internal error ({type(exc).__name__})")
@@ -210,6 +284,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         self._not_allowed()
+
+    def do_OPTIONS(self) -> None:
+        self._not_allowed()  # no CORS: a preflight from another origin gets no permission
 
     def _not_allowed(self) -> None:
         self.close_connection = True
@@ -277,9 +354,15 @@ class TrainplanServer(ThreadingHTTPServer):
     block_on_close = False
 
     def __init__(
-        self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, log_requests: bool = False
+        self,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        *,
+        log_requests: bool = False,
+        timeout_s: float = TIMEOUT_S,
     ) -> None:
         self.log_requests = log_requests
+        self.timeout_s = timeout_s
         self.static = static_files()
         self.loopback_only = _is_loopback_host(host)
         self.post_routes: dict[str, Callable[[object], object]] = {
@@ -292,6 +375,21 @@ class TrainplanServer(ThreadingHTTPServer):
         if ":" in host:
             self.address_family = __import__("socket").AF_INET6
         super().__init__((host, port), _Handler)
+
+    @property
+    def port(self) -> int:
+        """The bound port (a request's ``Host`` and ``Origin`` must name it)."""
+        return int(self.server_address[1])
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up, reset or stalled is no error of the server: one log line at
+        most, never a traceback; anything else is logged as the bug it is."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            if self.log_requests:
+                sys.stderr.write(f"trainplan serve: {client_address[0]}: {type(exc).__name__}\n")
+            return
+        super().handle_error(request, client_address)
 
     def cached(self, key: str, make: Callable[[], object]) -> object:
         with self._cache_lock:
@@ -307,7 +405,12 @@ class TrainplanServer(ThreadingHTTPServer):
 
 
 def make_server(
-    host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, log_requests: bool = False
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    log_requests: bool = False,
+    timeout_s: float = TIMEOUT_S,
 ) -> TrainplanServer:
-    """Bind (``port=0`` picks a free port); call ``serve_forever()`` and ``shutdown()`` yourself."""
-    return TrainplanServer(host, port, log_requests=log_requests)
+    """Bind (``port=0`` picks a free port); call ``serve_forever()`` and ``shutdown()`` yourself.
+    ``timeout_s``: how long a connection may stall before it is dropped."""
+    return TrainplanServer(host, port, log_requests=log_requests, timeout_s=timeout_s)
