@@ -458,6 +458,7 @@ def test_plan_and_compare_show_the_reasons_and_the_cost(driver: Any, server: Tra
     ranking = [li.text for li in drv.find_elements("css selector", "#compare-ranking li")]
     assert ranking == got["ranking"]
     assert any("uncalibrated" in line for line in ranking)  # tpu-v5p: the ranking note says so
+    assert _overlapping(drv.execute_script(SVG_BOXES, "#compare-chart")) == []
 
 
 SVG_BOXES = """

@@ -383,7 +383,7 @@
       { title: "step time", rows: rows.map((r) => r.plan
           ? { value: r.plan.time.step_s, text: duration(r.plan.time.step_s), color: "#4e79a7" }
           : { value: 0, text: (r.reason || "no plan").slice(0, 44) }) },
-      { title: "memory per device / capacity", limit: 100, limitLabel: "100%", rows: rows.map((r) => {
+      { title: "memory / capacity", limit: 100, limitLabel: "100%", rows: rows.map((r) => {
           if (!r.plan) return { value: 0, text: "" };
           const m = r.plan.memory, p = 100 * m.per_device_bytes / m.capacity_bytes;
           return { value: p, text: `${p.toFixed(0)}% of ${(m.capacity_bytes / GB).toFixed(0)} GB`, color: "#59a14f" };

@@ -153,10 +153,14 @@ const Charts = (() => {
 
   // Side-by-side panels sharing row labels. panels: [{title, rows, limit, limitLabel}]
   function panels(container, labels, panelsSpec, label) {
-    const W = 760, labelW = 110, rowH = 26;
+    const W = 760, rowH = 26;
     const H = 40 + labels.length * rowH + 24;
     const s = svg(container, W, H, label);
-    labels.forEach((name, i) => text(s, labelW - 8, 32 + i * rowH + 15, name, { "text-anchor": "end", class: "strong" }));
+    // the row labels set the left margin: the longest one fits (up to a third of the width)
+    const names = labels.map((name, i) => text(s, 0, 32 + i * rowH + 15, name, { "text-anchor": "end", class: "strong" }));
+    const widest = Math.max(0, ...names.map((t) => t.getComputedTextLength()));
+    const labelW = Math.min(W / 3, Math.max(110, widest + 14));
+    for (const t of names) t.setAttribute("x", String(labelW - 8));
     const pw = (W - labelW) / panelsSpec.length;
     panelsSpec.forEach((p, k) => {
       barPanel(s, labelW + k * pw, 32, pw - 10, p.rows.map((r, i) => Object.assign({ label: labels[i] }, r)), p);
