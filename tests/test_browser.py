@@ -514,3 +514,14 @@ def test_memory_terms_have_distinct_colours_and_labels_that_do_not_overlap(
     for chart in ("#memory-chart", "#time-chart"):
         boxes = drv.execute_script(SVG_BOXES, chart)
         assert boxes and _overlapping(boxes) == [], chart
+
+
+def test_a_bad_upload_marks_the_result_stale(driver: Any, server: TrainplanServer, tmp_path: Path) -> None:
+    drv = driver
+    load(drv, server)
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    drv.find_element("id", "config-file").send_keys(str(bad))
+    wait(drv, lambda d: d.find_element("id", "error").is_displayed(), "the upload's error")
+    assert drv.find_element("id", "error").text.startswith("config:")
+    assert stale(drv, "estimate")

@@ -592,6 +592,8 @@
     if (file.size > MAX_CONFIG_BYTES) {
       showError($("error"), { field: "config", message: `${file.name} is ${int(file.size)} bytes, over the 1,000,000-byte limit for a config.json` });
       ev.target.value = "";
+      state.formError = true;
+      markStale();
       return;
     }
     const reader = new FileReader();
@@ -599,6 +601,8 @@
       let cfg;
       try { cfg = JSON.parse(String(reader.result)); } catch (e) {
         showError($("error"), { field: "config", message: `${file.name} is not valid JSON (${e.message})` });
+        state.formError = true;
+        markStale();
         return;
       }
       state.config = cfg;
