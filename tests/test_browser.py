@@ -8,6 +8,7 @@ and, with TRAINPLAN_UPDATE_SCREENSHOT=1, as docs/img/web.png (the README's pictu
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -319,3 +320,257 @@ def test_page_rl_fields_estimate_an_rl_job(
         "the RL job's estimate",
     )
     assert drv.find_element("id", "mem-total").text == f"{want['memory']['per_device_bytes'] / 1e9:.2f} GB"
+
+
+# --- stale results, defaults, reasons, memory colours ---------------------------------------------
+STALE_BANNER = "these results are for the previous inputs"
+RECORD_FETCH = """
+window.__sent = [];
+const real = window.fetch.bind(window);
+window.fetch = (path, init) => {
+  window.__sent.push({path, body: init && init.body ? JSON.parse(init.body) : null});
+  if (path === "/api/plan" || path === "/api/compare") return Promise.reject(new Error("recorded"));
+  return real(path, init);
+};
+"""
+
+
+def load(drv: Any, server: TrainplanServer) -> None:
+    drv.get(server.url)
+    wait(drv, lambda d: body_data(d, "ready") == "yes" and settled(d), "the page to load")
+
+
+def stale(drv: Any, panel: str) -> bool:
+    marked = "stale" in (drv.find_element("id", f"{panel}-panel").get_attribute("class") or "")
+    banner = drv.find_element("id", f"{panel}-stale")
+    assert marked == banner.is_displayed(), f"{panel}: class and banner disagree"
+    if marked:
+        assert banner.text.startswith(STALE_BANNER)
+    return marked
+
+
+def check(drv: Any, ids: list[str]) -> None:
+    """Check exactly these accelerators in the compare / plan list."""
+    for el in drv.find_elements("css selector", "#compare-list input"):
+        if el.is_selected() != (el.get_attribute("value") in ids):
+            el.click()
+
+
+def test_results_are_marked_stale_while_the_form_differs_or_has_an_error(
+    driver: Any, server: TrainplanServer
+) -> None:
+    drv = driver
+    load(drv, server)
+    assert drv.find_element("id", "error").get_attribute("hidden") is not None
+    assert not stale(drv, "estimate")
+    # changed since the result was computed: stale at once, before the new estimate arrives
+    marked = drv.execute_script(
+        "const el = document.getElementById('f-seq_len'); el.value = '2048';"
+        "el.dispatchEvent(new Event('input', {bubbles: true}));"
+        "return document.getElementById('estimate-panel').classList.contains('stale')"
+    )
+    assert marked is True
+    wait(drv, lambda d: settled(d) and "seq 2048" in d.find_element("id", "subline").text, "seq 2048")
+    assert not stale(drv, "estimate")
+    # an error: the previous result stays, marked stale, until a valid form is estimated
+    before = drv.find_element("id", "mem-total").text
+    set_field(drv, "f-tp", "3")
+    wait(drv, lambda d: settled(d) and body_data(d, "estimate") == "error", "the error")
+    assert stale(drv, "estimate")
+    assert drv.find_element("id", "mem-total").text == before
+    set_field(drv, "f-tp", "1")
+    wait(drv, lambda d: settled(d) and body_data(d, "estimate") == "done", "the estimate again")
+    assert not stale(drv, "estimate")
+
+    # a plan is stale once the form or the plan's options change, until it is planned again
+    check(drv, ["h100-sxm"])
+    set_field(drv, "p-max_devices", "8")
+    drv.find_element("id", "plan-btn").click()
+    wait(drv, lambda d: body_data(d, "plan") == "done", "the plan")
+    assert not stale(drv, "plan")
+    set_field(drv, "p-max_devices", "16")
+    assert stale(drv, "plan")
+    set_field(drv, "p-max_devices", "8")
+    assert not stale(drv, "plan")  # the form is back to the planned inputs
+    set_field(drv, "f-seq_len", "1024")
+    wait(drv, lambda d: settled(d) and "seq 1024" in d.find_element("id", "subline").text, "seq 1024")
+    assert stale(drv, "plan") and not stale(drv, "estimate")
+    drv.execute_script("document.body.dataset.plan = ''")
+    drv.find_element("id", "plan-btn").click()
+    wait(drv, lambda d: body_data(d, "plan") == "done", "the plan again")
+    assert not stale(drv, "plan")
+
+
+def _dom_default(drv: Any, element_id: str) -> object:
+    el = drv.find_element("id", element_id)
+    if el.get_attribute("type") == "checkbox":
+        return el.is_selected()
+    value: str = el.get_attribute("value")
+    return None if value == "" else value
+
+
+def test_form_defaults_are_the_clis(driver: Any, server: TrainplanServer) -> None:
+    from trainplan import inputs
+    from trainplan.web import api, plan_api
+
+    drv = driver
+    load(drv, server)
+    # every field shown: its default is the CLI's (a select showing "" is the CLI's unset default)
+    shown = {
+        el.get_attribute("id")
+        for el in drv.find_elements("css selector", "#form [id^='f-'], #plan-options [id^='p-']")
+    }
+    estimate_fields = {f.name: f for f in api.estimate_flags()}
+    plan_fields = {f.name: f for f in plan_api.plan_flags(False)}
+    assert {i[2:] for i in shown if i.startswith("f-")} == set(estimate_fields)
+    for element_id in sorted(shown):
+        field = (estimate_fields if element_id.startswith("f-") else plan_fields)[element_id[2:]]
+        value = _dom_default(drv, element_id)
+        if isinstance(value, bool):
+            assert value == field.default, element_id
+        else:
+            assert field.parse(value) == field.parse(None), f"{element_id}: {value!r} vs {field.default!r}"
+
+    # the requests the untouched form sends read as the CLI's defaults
+    drv.execute_script(RECORD_FETCH)
+    for button in ("estimate-btn", "compare-btn", "plan-btn"):
+        drv.find_element("id", button).click()
+    wait(drv, lambda d: len(d.execute_script("return window.__sent")) >= 3, "the three requests")
+    sent = {s["path"]: s["body"] for s in drv.execute_script("return window.__sent")}
+    known = (*api.MODEL_FIELDS, "hardware", "devices")
+    cases = (
+        ("/api/estimate", api.estimate_flags()),
+        ("/api/compare", plan_api.plan_flags(True)),
+        ("/api/plan", plan_api.plan_flags(False)),
+    )
+    for path, flags in cases:
+        body = sent[path]
+        assert api.read_fields(body, flags, known) == api.read_fields({}, flags, known), path
+    # a device count is the CLI's: 1 for an estimate, searched (not sent) for compare and plan
+    assert inputs.read(sent["/api/estimate"], api.estimate_flags(), also=known)["devices"] == 1
+    assert "devices" not in sent["/api/compare"] and "devices" not in sent["/api/plan"]
+
+
+def test_plan_and_compare_show_the_reasons_and_the_cost(driver: Any, server: TrainplanServer) -> None:
+    from trainplan.web import plan_api
+
+    drv = driver
+    load(drv, server)
+    hardware = ["h100-sxm", "a100-80gb", "tpu-v5p"]
+    check(drv, hardware)
+    set_field(drv, "f-tokens", "1e10")
+    wait(drv, lambda d: settled(d) and d.find_element("id", "run-time").text != "–", "the run's time")
+    set_field(drv, "p-max_devices", "16")
+    request = {"model": "llama-3.1-8b", "hardware": hardware, "tokens": 1e10, "max_devices": 16}
+
+    drv.find_element("id", "plan-btn").click()
+    wait(drv, lambda d: body_data(d, "plan") == "done", "the plan")
+    want = plan_api.plan(request)
+    first = want["plans"][0]
+    why = drv.find_element("id", "plan-why")
+    assert first["label"] in why.find_element("css selector", ".why-head").text
+    lines = [li.get_attribute("textContent") for li in why.find_elements("css selector", "ul.why li")]
+    binds, alts = first["explanation"]["binds"], first["explanation"]["alternatives"]
+    assert lines == [*binds, *(f"vs {a}" for a in alts)]
+    assert [li.text for li in why.find_elements("css selector", "ul.notes li")] == want["notes"]
+    ranking = [li.text for li in drv.find_elements("css selector", "#plan-ranking li")]
+    assert ranking == want["ranking"]
+    rows = drv.find_elements("css selector", "#plan-table tbody tr")
+    assert len(rows) == len(want["plans"])
+    for row, p in zip(rows, want["plans"], strict=True):
+        items = row.find_elements("css selector", "td.why-cell ul.why li")
+        assert [li.get_attribute("textContent") for li in items][: len(p["explanation"]["binds"])] == (
+            p["explanation"]["binds"]
+        )
+
+    drv.find_element("id", "compare-btn").click()
+    wait(drv, lambda d: body_data(d, "compare") == "done", "the compare")
+    got = plan_api.compare({k: v for k, v in request.items() if k != "max_devices"} | {"max_devices": 16})
+    heads = [th.text for th in drv.find_elements("css selector", "#compare-table thead th")]
+    assert "cost" in heads and "price (provider kind, date)" in heads and "why" in heads
+    rows = drv.find_elements("css selector", "#compare-table tbody tr")
+    assert len(rows) == len(got["hardware"])
+    for row, entry in zip(rows, got["hardware"], strict=True):
+        p = entry["plan"]
+        cells = row.find_elements("tag name", "td")
+        if p is None:
+            assert cells[1].text == (entry["reason"] or "no plan")
+            continue
+        cost = cells[heads.index("cost")].text
+        assert cost == f"${round(p['run']['cost_usd']):,}" or cost == f"${p['run']['cost_usd']:.2f}"
+        price = cells[heads.index("price (provider kind, date)")].text
+        assert p["offering"]["date"] in price and p["offering"]["provider"] in price
+        items = row.find_elements("css selector", "td.why-cell ul.why li")
+        assert [li.get_attribute("textContent") for li in items][: len(p["explanation"]["binds"])] == (
+            p["explanation"]["binds"]
+        )
+    ranking = [li.text for li in drv.find_elements("css selector", "#compare-ranking li")]
+    assert ranking == got["ranking"]
+    assert any("uncalibrated" in line for line in ranking)  # tpu-v5p: the ranking note says so
+    assert _overlapping(drv.execute_script(SVG_BOXES, "#compare-chart")) == []
+
+
+SVG_BOXES = """
+return [...document.querySelectorAll(arguments[0] + ' svg text')].map((t) => {
+  const b = t.getBBox(); return [t.textContent, b.x, b.y, b.width, b.height];
+});
+"""
+
+
+def _overlapping(boxes: list[list[Any]]) -> list[tuple[str, str]]:
+    out = []
+    for i, (a, ax, ay, aw, ah) in enumerate(boxes):
+        for b, bx, by, bw, bh in boxes[i + 1 :]:
+            if aw and bw and ax < bx + bw and bx < ax + aw and ay < by + bh and by < ay + ah:
+                out.append((a, b))
+    return out
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},  # the default: fits
+        {"model": "llama-3.1-70b"},  # far over the device's memory: the limit label moves
+        {"f-devices": "8", "f-zero": "3", "f-recompute": "selective", "f-offload": "optimizer"},
+        {"f-method": "grpo"},  # an RLHF phase: long, prefixed term names
+    ],
+    ids=["fits", "over", "zero3-offload", "grpo"],
+)
+def test_memory_terms_have_distinct_colours_and_labels_that_do_not_overlap(
+    driver: Any, server: TrainplanServer, fields: dict[str, str]
+) -> None:
+    drv = driver
+    load(drv, server)
+
+    def shown(d: Any) -> str:
+        return str(d.find_element("id", "headline").text + d.find_element("id", "subline").text)
+
+    before = shown(drv)
+    for element_id, value in fields.items():
+        set_field(drv, element_id, value)
+    if fields:
+        wait(drv, lambda d: settled(d) and (shown(d) != before or body_data(d, "estimate") == "error"), "it")
+    assert body_data(drv, "estimate") == "done", drv.find_element("id", "error").text
+    fills = [r.get_attribute("fill") for r in drv.find_elements("css selector", "#memory-chart rect.seg")]
+    names = [
+        r.get_attribute("data-name") for r in drv.find_elements("css selector", "#memory-chart rect.seg")
+    ]
+    assert len(fills) >= 3
+    assert len(set(fills)) == len(fills), list(zip(names, fills, strict=True))
+    assert all(a != b for a, b in itertools.pairwise(fills))
+    swatches = drv.find_elements("css selector", "#memory-chart rect.swatch")
+    assert [s.get_attribute("fill") for s in swatches] == fills  # the legend names every part
+    for chart in ("#memory-chart", "#time-chart"):
+        boxes = drv.execute_script(SVG_BOXES, chart)
+        assert boxes and _overlapping(boxes) == [], chart
+
+
+def test_a_bad_upload_marks_the_result_stale(driver: Any, server: TrainplanServer, tmp_path: Path) -> None:
+    drv = driver
+    load(drv, server)
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    drv.find_element("id", "config-file").send_keys(str(bad))
+    wait(drv, lambda d: d.find_element("id", "error").is_displayed(), "the upload's error")
+    assert drv.find_element("id", "error").text.startswith("config:")
+    assert stale(drv, "estimate")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import re
 import socket
@@ -679,3 +680,81 @@ def test_disaggregated_rl_job_through_the_api(server: TrainplanServer) -> None:
     assert status == 200, doc
     assert [g["group"] for g in doc["rlhf"]["groups"]] == ["actor", "critic", "ref", "reward", "rollout"]
     assert doc["rlhf"]["split_s"]["rollout"] > 0
+
+
+def _estimate_payload(model: str, hardware: str, **fields: object) -> dict[str, Any]:
+    from trainplan.web import api as web_api
+
+    return web_api.estimate({"model": model, "hardware": hardware, **fields})
+
+
+# Bars with the most and the longest memory terms: ZeRO-3 with offload, far over capacity, RLHF.
+MEMORY_CASES: Final = (
+    ("llama-3.1-8b", "h100-sxm", {"devices": 8, "zero": 3, "recompute": "selective", "offload": "optimizer"}),
+    ("llama-3.1-70b", "h100-sxm", {}),
+    ("llama-3.1-8b", "h100-sxm", {"method": "grpo"}),
+    ("llama-2-13b", "h100-sxm", {"devices": 8, "tp": 2, "pp": 2, "zero": 1, "stack": "pytorch"}),
+)
+
+
+def _lab(color: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB hex colour (IEC 61966-2-1 transfer, CIE 15:2004 Lab)."""
+    lin = [int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in lin)
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+    fx, fy, fz = (v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in (x, y, z))
+    return 116 * fy - 16, 500 * (fx - fy), 200 * (fy - fz)
+
+
+def test_memory_palette_colours_are_far_apart() -> None:
+    import itertools
+    import math
+
+    from trainplan.palette import MEMORY_PALETTE, PREFERRED
+
+    assert len(set(MEMORY_PALETTE)) == len(MEMORY_PALETTE) >= 20
+    nearest = min(math.dist(_lab(a), _lab(b)) for a, b in itertools.combinations(MEMORY_PALETTE, 2))
+    assert nearest > 15  # CIE76 ΔE: well past "just noticeable" (≈2.3) for every pair
+    assert len(set(PREFERRED.values())) == len(PREFERRED)
+
+
+@pytest.mark.parametrize(("model", "hardware", "fields"), MEMORY_CASES)
+def test_memory_terms_carry_distinct_colours(model: str, hardware: str, fields: dict[str, object]) -> None:
+    from trainplan.palette import memory_colors
+
+    terms = _estimate_payload(model, hardware, **fields)["terms"]["memory"]
+    colors = [t["color"] for t in terms]
+    assert len(set(colors)) == len(colors), terms
+    assert colors == memory_colors([t["name"] for t in terms])
+    # past the palette: colours repeat, never side by side
+    many = memory_colors([f"term {i}" for i in range(45)])
+    assert all(a != b for a, b in itertools.pairwise(many))
+
+
+@pytest.mark.parametrize(("model", "hardware", "fields"), MEMORY_CASES)
+def test_plot_labels_do_not_overlap(model: str, hardware: str, fields: dict[str, object]) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the plot extra (matplotlib)")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    from trainplan.web.plots import figure
+
+    fig = figure("estimate", _estimate_payload(model, hardware, **fields))
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [
+        (t.get_text(), t.get_window_extent(renderer))
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and t.get_window_extent(renderer).width > 0
+    ]
+    overlapping = [(a, b) for i, (a, p) in enumerate(boxes) for b, q in boxes[i + 1 :] if p.overlaps(q)]
+    assert overlapping == []
+    legend_colors = [
+        h.get_facecolor()
+        for ax in fig.axes[:1]
+        for h in ax.get_legend().legend_handles  # memory panel
+    ]
+    assert len(set(legend_colors)) == len(legend_colors)

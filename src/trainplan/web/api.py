@@ -167,12 +167,17 @@ def estimate_payload(est: Any) -> dict[str, object]:
     """``Estimate.to_dict()`` (the CLI's JSON) plus ``terms``: the named parts that add up.
 
     ``terms.memory`` is the visible sum at the peak (``MemoryBreakdown.terms()``, adds up to
-    ``memory.per_device_bytes``); ``terms.time`` is ``TimeBreakdown.terms()`` (adds up to
+    ``memory.per_device_bytes``), each term with its ``color`` (:func:`trainplan.palette.memory_colors`:
+    distinct within the bar); ``terms.time`` is ``TimeBreakdown.terms()`` (adds up to
     ``time.step_s``), each term tagged with its plot group.
     """
+    from trainplan.palette import memory_colors
+
     out = dict(est.to_dict())
+    mem = memory_terms(est)
+    colors = memory_colors([n for n, _ in mem])
     out["terms"] = {
-        "memory": [{"name": n, "bytes": float(v)} for n, v in memory_terms(est)],
+        "memory": [{"name": n, "bytes": float(v), "color": c} for (n, v), c in zip(mem, colors, strict=True)],
         "time": [
             {"name": t.label, "key": t.key, "s": float(getattr(est.time, t.key)), "group": t.group}
             for t in TIME_TERMS

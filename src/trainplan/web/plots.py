@@ -31,21 +31,6 @@ KINDS: Final = ("estimate", "memory", "time", "plan", "compare")
 FORMATS: Final = (".png", ".svg")
 GB: Final = 1e9
 
-MEMORY_COLORS: Final = {
-    "weights": "#4e79a7",
-    "gradients": "#f28e2b",
-    "optimizer states (incl. master)": "#e15759",
-    "quantization constants": "#76b7b2",
-    "communication buffers": "#59a14f",
-    "activations": "#edc948",
-    "logits / loss": "#b07aa1",
-    "ZeRO-3 gather buffers": "#ff9da7",
-    "transient (backward)": "#9c755f",
-    "ZeRO-3 gradient reduce buffers": "#c9b3a3",
-    "optimizer-step temporaries": "#d37295",
-    "CUDA context / runtime": "#8cd17d",
-    "allocator fragmentation": "#a0a0a0",
-}
 TIME_COLORS: Final = {
     "compute": ("#1f5fbf", "#4f86d9", "#8fb3ea"),
     "communication": ("#e0701f", "#f09a4f", "#f6bd86", "#c85a12", "#f8d3ae"),
@@ -108,18 +93,22 @@ def _memory_panel(ax: Any, est: Mapping[str, Any]) -> None:
     terms = est.get("terms", {}).get("memory")
     if terms is None:
         raise TrainplanError("plot", "the memory plot needs the estimate's terms (pass the Estimate itself)")
+    from trainplan.palette import memory_colors
+
     mem = est["memory"]
+    shown = [t for t in terms if float(t["bytes"]) > 0]
+    colors = [t.get("color") for t in shown]
+    if not all(colors):  # a payload from before terms carried their colour
+        colors = memory_colors([str(t["name"]) for t in shown])
     left = 0.0
-    for term in terms:
+    for term, color in zip(shown, colors, strict=True):
         value = float(term["bytes"]) / GB
-        if value <= 0:
-            continue
         ax.barh(
             0,
             value,
             left=left,
             height=0.5,
-            color=MEMORY_COLORS.get(term["name"], "#888888"),
+            color=color,
             edgecolor="white",
             label=f"{term['name']} {value:.2f} GB",
         )
@@ -365,6 +354,16 @@ def save_plot(kind: str, data: Any, path: str | Path) -> Path:
     suffix = p.suffix.lower()
     if suffix not in FORMATS:
         raise TrainplanError("plot", f"'{p}': the file name must end in .png or .svg")
+    fig = figure(kind, data)
+    try:
+        fig.savefig(p, format=suffix[1:], dpi=120)
+    except OSError as exc:
+        raise TrainplanError("plot", f"cannot write '{p}': {exc.strerror}") from None
+    return p
+
+
+def figure(kind: str, data: Any) -> Any:
+    """The :class:`matplotlib.figure.Figure` of plot ``kind`` (:data:`KINDS`) of ``data``."""
     if kind not in KINDS:
         raise TrainplanError("plot", f"unknown plot {kind!r}; choose {', '.join(KINDS)}")
     if kind in ("estimate", "memory", "time"):
@@ -385,8 +384,4 @@ def save_plot(kind: str, data: Any, path: str | Path) -> Path:
         fig = _plan_figure(data)
     else:
         fig = _compare_figure(data)
-    try:
-        fig.savefig(p, format=suffix[1:], dpi=120)
-    except OSError as exc:
-        raise TrainplanError("plot", f"cannot write '{p}': {exc.strerror}") from None
-    return p
+    return fig

@@ -19,13 +19,6 @@
     price: "price (USD/device-hour)", pue: "PUE", stack: "training stack" };
   const PLACEHOLDERS = { tokens: "e.g. 1e11", global_batch: "dp × micro", price: "catalog", provider: "cheapest",
     lora_rank: "16", budget: "none", deadline: "none", lora_targets: "q,k,v,o,gate,up,down" };
-  const MEMORY_COLORS = {
-    "weights": "#4e79a7", "gradients": "#f28e2b", "optimizer states (incl. master)": "#e15759",
-    "quantization constants": "#76b7b2", "communication buffers": "#59a14f", "activations": "#edc948",
-    "logits / loss": "#b07aa1", "ZeRO-3 gather buffers": "#ff9da7", "transient (backward)": "#9c755f",
-    "ZeRO-3 gradient reduce buffers": "#c9b3a3", "optimizer-step temporaries": "#d37295",
-    "CUDA context / runtime": "#8cd17d", "allocator fragmentation": "#a0a0a0",
-  };
   const TIME_COLORS = {
     compute: ["#1f5fbf", "#4f86d9", "#8fb3ea"],
     communication: ["#e0701f", "#f09a4f", "#f6bd86", "#c85a12", "#f8d3ae"],
@@ -37,7 +30,7 @@
     scoring: "RL scoring forwards", critic: "PPO critic update", sync: "RL weight sync" };
 
   const state = { schema: null, planSchema: null, fields: [], planFields: [], config: null, configName: "",
-    hardware: [], seq: 0, timer: null, lastEstimate: null };
+    hardware: [], seq: 0, timer: null, lastEstimate: null, shown: {}, formError: false };
 
   // --- formatting ---------------------------------------------------------------------------
   const gb = (b) => `${(b / GB).toFixed(2)} GB`;
@@ -182,10 +175,6 @@
     for (const name of PLAN_OPTIONS) {
       if (state.planSchema[name]) state.planFields.push(makeField(name, state.planSchema[name], $("plan-options"), "p-"));
     }
-    const top = state.planFields.find((f) => f.name === "top");
-    if (top) top.input.value = "10";
-    const maxd = state.planFields.find((f) => f.name === "max_devices");
-    if (maxd) maxd.input.value = "512";
   }
 
   function modelPart() {
@@ -214,6 +203,27 @@
     }
   }
 
+  // --- stale results -----------------------------------------------------------------------
+  // Each shown result keeps the request it answers; it is marked stale (class "stale" on its
+  // panel and a banner) while the form differs from that request or has an error.
+  const RESULT_PANELS = { estimate: "estimate-panel", compare: "compare-panel", plan: "plan-panel" };
+  function requestKey(kind) {
+    if (kind === "estimate") return JSON.stringify(estimateBody());
+    if (kind === "plan") return JSON.stringify(searchBody(state.planSchema, false));
+    return JSON.stringify(searchBody(state.compareSchema, $("cmp-keep-devices").checked));
+  }
+  function markStale() {
+    for (const [kind, id] of Object.entries(RESULT_PANELS)) {
+      const shown = state.shown[kind];
+      const stale = shown !== undefined && (state.formError || shown.error || requestKey(kind) !== shown.key);
+      $(id).classList.toggle("stale", stale);
+      $(`${kind}-stale`).hidden = !stale;
+    }
+    document.body.dataset.stale = Object.keys(RESULT_PANELS).filter((k) => $(RESULT_PANELS[k]).classList.contains("stale")).join(" ");
+  }
+  function resultShown(kind, key) { state.shown[kind] = { key, error: false }; markStale(); }
+  function resultFailed(kind) { if (state.shown[kind]) state.shown[kind].error = true; markStale(); }
+
   // --- estimate -----------------------------------------------------------------------------
   async function runEstimate() {
     clearTimeout(state.timer);
@@ -221,14 +231,19 @@
     const seq = ++state.seq;
     $("busy").hidden = false;
     document.body.dataset.pending = "1";
+    const key = requestKey("estimate");
     try {
       const d = await call("POST", "/api/estimate", estimateBody());
       if (seq !== state.seq) return;
       showError($("error"), null);
+      state.formError = false;
       renderEstimate(d);
+      resultShown("estimate", key);
     } catch (err) {
       if (seq !== state.seq) return;
       showError($("error"), err);
+      state.formError = true;
+      resultFailed("estimate");
       document.body.dataset.estimate = "error";
     } finally {
       if (seq === state.seq) {
@@ -264,7 +279,7 @@
     $("step-band").textContent = bandText(cal, false);
     $("tokens-band").textContent = bandText(cal, true);
     $("mem-band").textContent = bandText(cal.memory, false);
-    $("fit-verdict").textContent = `within the memory band: ${m.fit_verdict}`;
+    $("fit-verdict").textContent = m.fit_verdict ? `within the memory band: ${m.fit_verdict}` : "";
     $("calibration").textContent = cal.calibrated && cal.memory.calibrated
       ? `calibrated: step time from ${cal.rows} validated ${cal.class} runs, memory from ${cal.memory.rows} ${cal.memory.class} runs`
       : `uncalibrated: no validated ${cal.family} runs; the bands are the spread between the calibrated families`;
@@ -292,7 +307,7 @@
     $("peak-phase").textContent = m.peak_phase;
     Charts.stackedBar($("memory-chart"), {
       label: "memory per device",
-      segments: d.terms.memory.map((x) => ({ name: x.name, value: x.bytes, color: MEMORY_COLORS[x.name] || "#888" })),
+      segments: d.terms.memory.map((x) => ({ name: x.name, value: x.bytes, color: x.color })),
       total: m.per_device_bytes, limit: m.capacity_bytes, limitLabel: `device memory ${gb(m.capacity_bytes)}`,
       fmt: (b) => gb(b), tickFmt: (b) => `${+(b / GB).toFixed(1)} GB`,
     });
@@ -323,6 +338,10 @@
     for (const f of state.fields) {
       if (!(f.name in schema) || SEARCHED.includes(f.name) || f.name === "devices") continue;
       const v = readField(f);
+      // a field left at the estimate's default takes the search's own default (the CLI's):
+      // e.g. precision, searched over --precisions unless given
+      const ownDefault = schema[f.name].default === undefined ? null : schema[f.name].default;
+      if (v === f.spec.default && ownDefault !== f.spec.default) continue;
       if (v !== undefined) body[f.name] = v;
     }
     for (const f of state.planFields) {
@@ -337,13 +356,17 @@
   async function runCompare() {
     $("compare-summary").textContent = "searching…";
     $("compare-btn").disabled = true;
+    const key = requestKey("compare");
     try {
       const d = await call("POST", "/api/compare", searchBody(state.compareSchema, $("cmp-keep-devices").checked));
       showError($("compare-error"), null);
       renderCompare(d);
+      resultShown("compare", key);
     } catch (err) {
       $("compare-summary").textContent = "";
       showError($("compare-error"), err);
+      resultFailed("compare");
+      document.body.dataset.compare = "error";
     } finally {
       $("compare-btn").disabled = false;
     }
@@ -362,7 +385,7 @@
       { title: "step time", rows: rows.map((r) => r.plan
           ? { value: r.plan.time.step_s, text: duration(r.plan.time.step_s), color: "#4e79a7" }
           : { value: 0, text: (r.reason || "no plan").slice(0, 44) }) },
-      { title: "memory per device / capacity", limit: 100, limitLabel: "100%", rows: rows.map((r) => {
+      { title: "memory / capacity", limit: 100, limitLabel: "100%", rows: rows.map((r) => {
           if (!r.plan) return { value: 0, text: "" };
           const m = r.plan.memory, p = 100 * m.per_device_bytes / m.capacity_bytes;
           return { value: p, text: `${p.toFixed(0)}% of ${(m.capacity_bytes / GB).toFixed(0)} GB`, color: "#59a14f" };
@@ -376,7 +399,8 @@
     const table = $("compare-table");
     table.replaceChildren();
     const head = table.createTHead().insertRow();
-    for (const h of ["system", "layout", "micro-batch · recompute · offload", "tokens/s", "MFU", haveRun ? "time" : "", "step-time band", ""]) {
+    for (const h of ["system", "layout", "micro-batch · recompute · offload", "tokens/s", "MFU", haveRun ? "time" : "",
+      haveRun ? "cost" : "cost per step", "step-time band", "price (provider kind, date)", "why", ""]) {
       const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
     }
     const tb = table.createTBody();
@@ -384,13 +408,16 @@
       const row = tb.insertRow();
       if (!r.plan) {
         row.insertCell().textContent = r.hardware;
-        const c = row.insertCell(); c.colSpan = 7; c.textContent = r.reason || "no plan";
+        const c = row.insertCell(); c.colSpan = 10; c.textContent = r.reason || "no plan";
         continue;
       }
       const p = r.plan;
       for (const c of [p.label, layoutText(p.layout), `${p.recipe.micro_batch} · ${p.recipe.recompute} · ${p.recipe.offload}`,
         int(p.throughput.tokens_per_s), pct(p.throughput.mfu), haveRun ? duration(p.run.time_s) : "",
-        bandText(p.calibration, false)]) row.insertCell().textContent = String(c);
+        costOf(p) === null ? "no price" : usd(costOf(p)),
+        bandText(p.calibration, false) + (p.tie_within_error ? " · tie within error" : ""),
+        priceLabel(p.run)]) row.insertCell().textContent = String(c);
+      whyCell(row, p);
       row.insertCell().appendChild(loadButton(p));
     }
     const ok = rows.filter((r) => r.plan);
@@ -404,8 +431,54 @@
       s.push("no accelerator fits");
     }
     $("compare-summary").textContent = s.join(" · ");
+    const first = ok.length ? ok.reduce((a, b) => (b.plan.time.step_s < a.plan.time.step_s ? b : a)).plan : null;
+    showWhy($("compare-why"), first, d.notes);
     showRanking($("compare-ranking"), d.ranking);
     document.body.dataset.compare = "done";
+  }
+
+  // The reasons of one plan, as the JSON carries them: why it cannot run (reasons), what binds it
+  // (explanation.binds) and the alternatives it was weighed against (explanation.alternatives).
+  function whyItems(p) {
+    const e = p.explanation || {};
+    return [...(p.reasons || []).map((t) => ["reason", t]), ...(e.binds || []).map((t) => ["binds", t]),
+      ...(e.alternatives || []).map((t) => ["alternative", t])];
+  }
+  function whyList(p) {
+    const ul = document.createElement("ul");
+    ul.className = "why";
+    for (const [kind, line] of whyItems(p)) {
+      const li = document.createElement("li");
+      li.className = kind;
+      li.textContent = kind === "alternative" ? `vs ${line}` : line;
+      ul.appendChild(li);
+    }
+    return ul;
+  }
+  function whyCell(row, p) {
+    const cell = row.insertCell();
+    cell.className = "why-cell";
+    if (!whyItems(p).length) return;
+    const det = document.createElement("details");
+    const sum = document.createElement("summary");
+    sum.textContent = "why";
+    det.append(sum, whyList(p));
+    cell.appendChild(det);
+  }
+  function showWhy(box, p, notes) {
+    box.replaceChildren();
+    if (p) {
+      const h = document.createElement("p");
+      h.className = "why-head";
+      h.textContent = `Why #1, ${tagged(p.label, p)} (${layoutText(p.layout)}): step time ${bandText(p.calibration, false)}`;
+      box.append(h, whyList(p));
+    }
+    if (notes && notes.length) {
+      const ul = document.createElement("ul");
+      ul.className = "notes";
+      for (const n of notes) { const li = document.createElement("li"); li.textContent = n; ul.appendChild(li); }
+      box.appendChild(ul);
+    }
   }
 
   function loadButton(p) {
@@ -420,13 +493,17 @@
   async function runPlan() {
     $("plan-summary").textContent = "searching…";
     $("plan-btn").disabled = true;
+    const key = requestKey("plan");
     try {
       const d = await call("POST", "/api/plan", searchBody(state.planSchema, false));
       showError($("plan-error"), null);
       renderPlan(d);
+      resultShown("plan", key);
     } catch (err) {
       $("plan-summary").textContent = "";
       showError($("plan-error"), err);
+      resultFailed("plan");
+      document.body.dataset.plan = "error";
     } finally {
       $("plan-btn").disabled = false;
     }
@@ -467,7 +544,7 @@
     const table = $("plan-table");
     table.replaceChildren();
     const head = table.createTHead().insertRow();
-    for (const h of ["#", "system", "layout", "micro-batch · recompute · offload", "memory", "step", "tokens/s", "MFU", haveRun ? "time" : "", haveRun ? "cost" : "", "step-time band", "price (provider kind, date)", ""]) {
+    for (const h of ["#", "system", "layout", "micro-batch · recompute · offload", "memory", "step", "tokens/s", "MFU", haveRun ? "time" : "", haveRun ? "cost" : "", "step-time band", "price (provider kind, date)", "why", ""]) {
       const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
     }
     const body = table.createTBody();
@@ -479,6 +556,7 @@
         bandText(p.calibration, false) + (p.tie_within_error ? " · tie within error with the row above" : ""),
         priceLabel(p.run)];
       for (const c of cells) row.insertCell().textContent = String(c);
+      whyCell(row, p);
       row.insertCell().appendChild(loadButton(p));
     }
     const s = [`${d.search.feasible.toLocaleString("en-US")} of ${d.search.candidates.toLocaleString("en-US")} candidates fit`];
@@ -486,6 +564,7 @@
     if (d.cheapest) s.push(`cheapest: ${d.cheapest.label}`);
     if (!d.constraints.met) s.push("constraints not met: " + d.constraints.failures.join("; "));
     $("plan-summary").textContent = s.join(" · ");
+    showWhy($("plan-why"), d.plans[0] || null, d.notes);
     showRanking($("plan-ranking"), d.ranking);
     document.body.dataset.plan = "done";
   }
@@ -515,6 +594,8 @@
     if (file.size > MAX_CONFIG_BYTES) {
       showError($("error"), { field: "config", message: `${file.name} is ${int(file.size)} bytes, over the 1,000,000-byte limit for a config.json` });
       ev.target.value = "";
+      state.formError = true;
+      markStale();
       return;
     }
     const reader = new FileReader();
@@ -522,6 +603,8 @@
       let cfg;
       try { cfg = JSON.parse(String(reader.result)); } catch (e) {
         showError($("error"), { field: "config", message: `${file.name} is not valid JSON (${e.message})` });
+        state.formError = true;
+        markStale();
         return;
       }
       state.config = cfg;
@@ -530,6 +613,7 @@
       $("config-label").textContent = `uploaded: ${state.configName} (${file.name})`;
       $("config-status").hidden = false;
       $("model").disabled = true;
+      markStale();
       runEstimate();
     };
     reader.readAsText(file);
@@ -540,6 +624,7 @@
     $("config-file").value = "";
     $("config-status").hidden = true;
     $("model").disabled = false;
+    markStale();
     runEstimate();
   }
 
@@ -568,11 +653,13 @@
       $("compare-list").appendChild(lab);
     }
     $("hardware").value = hardware.some((a) => a.name === "h100-sxm") ? "h100-sxm" : hardware[0].name;
-    setField("devices", 8);
-    setField("zero", 1);
     $("form").addEventListener("submit", (ev) => { ev.preventDefault(); runEstimate(); });
-    $("form").addEventListener("change", (ev) => { if (ev.target.id !== "config-file") schedule(); });
-    $("form").addEventListener("input", (ev) => { if (ev.target.tagName === "INPUT" && ev.target.type === "text") schedule(); });
+    $("form").addEventListener("change", (ev) => { if (ev.target.id !== "config-file") { markStale(); schedule(); } });
+    $("form").addEventListener("input", (ev) => { if (ev.target.tagName === "INPUT" && ev.target.type === "text") { markStale(); schedule(); } });
+    for (const id of ["plan-options", "compare-list", "cmp-keep-devices"]) {
+      $(id).addEventListener("input", markStale);
+      $(id).addEventListener("change", markStale);
+    }
     $("config-file").addEventListener("change", onUpload);
     $("config-clear").addEventListener("click", clearUpload);
     $("compare-btn").addEventListener("click", runCompare);

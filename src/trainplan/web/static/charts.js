@@ -42,14 +42,52 @@ const Charts = (() => {
     return out;
   }
 
+  // Boxes of two drawn SVG elements overlap (in user units), with a margin.
+  function overlaps(a, b, margin) {
+    const m = margin || 0, p = a.getBBox(), q = b.getBBox();
+    if (!(p.width > 0 && q.width > 0)) return false;  // not laid out (hidden): nothing to compare
+    return p.x < q.x + q.width + m && q.x < p.x + p.width + m && p.y < q.y + q.height && q.y < p.y + p.height;
+  }
+
+  // The legend of a stacked bar: a swatch, the name and the value per part, in two columns, or in
+  // one when a name would run into its value; a name too long even for one column is shortened
+  // with an ellipsis (the full name stays in its tooltip). Returns the legend's height.
+  function legend(s, segs, x0, y0, width, fmt) {
+    const draw = (cols) => {
+      const g = el("g", { class: "legend" }, s);
+      const colW = width / cols;
+      const rows = segs.map((seg, i) => {
+        const gx = x0 + (i % cols) * colW, gy = y0 + Math.floor(i / cols) * 20;
+        el("rect", { x: gx, y: gy - 10, width: 12, height: 12, fill: seg.color, rx: 2, class: "swatch" }, g);
+        const name = text(g, gx + 18, gy, seg.name, { class: "legend-name" });
+        tip(name, seg.name);
+        const value = text(g, gx + colW - 16, gy, fmt(seg.value), { "text-anchor": "end", class: "num legend-value" });
+        return { name, value, full: seg.name };
+      });
+      return { g, rows, height: Math.ceil(segs.length / cols) * 20 };
+    };
+    let out = draw(2);
+    if (out.rows.some((r) => overlaps(r.name, r.value, 6))) {
+      out.g.remove();
+      out = draw(1);
+      for (const r of out.rows) {
+        let n = r.full.length;
+        while (n > 4 && overlaps(r.name, r.value, 6)) {
+          n -= 2;
+          r.name.firstChild.nodeValue = r.full.slice(0, n) + "…";
+        }
+      }
+    }
+    return out.height;
+  }
+
   // One horizontal stacked bar of named parts, with a limit line (device memory) when given.
   // opts: {segments: [{name, value, color}], total, limit, limitLabel, fmt, unit, label}
+  // The parts are named in the legend, never on the bar (small parts have no room for a label).
   function stackedBar(container, opts) {
-    const W = 760, padL = 24, padR = 24, barY = 30, barH = 42;
+    const W = 760, padL = 24, padR = 24, barY = 46, barH = 42;
     const segs = opts.segments.filter((s) => s.value > 0);
-    const legendRows = Math.ceil(segs.length / 2);
-    const H = barY + barH + 40 + legendRows * 20 + 8;
-    const s = svg(container, W, H, opts.label);
+    const s = svg(container, W, barY + barH + 40 + segs.length * 20 + 8, opts.label);
     const maxV = Math.max(opts.total, opts.limit || 0) * 1.06 || 1;
     const scale = (v) => padL + (v / maxV) * (W - padL - padR);
     // axis ticks
@@ -64,25 +102,24 @@ const Charts = (() => {
         x: scale(x0), y: barY, width: Math.max(0.5, scale(x0 + seg.value) - scale(x0)), height: barH,
         fill: seg.color, class: "seg",
       }, s);
+      r.dataset.name = seg.name;
       tip(r, `${seg.name}: ${opts.fmt(seg.value)} (${(100 * seg.value / opts.total).toFixed(1)}%)`);
       x0 += seg.value;
     }
-    text(s, padL, barY - 10, `total ${opts.fmt(opts.total)}`, { class: "strong" });
+    const totalText = text(s, padL, barY - 10, `total ${opts.fmt(opts.total)}`, { class: "strong" });
     if (opts.limit) {
       const x = scale(opts.limit);
-      el("line", { x1: x, x2: x, y1: barY - 18, y2: barY + barH + 6, class: "limit" }, s);
+      const line = el("line", { x1: x, x2: x, y1: barY - 18, y2: barY + barH + 6, class: "limit" }, s);
       const over = opts.total > opts.limit;
-      text(s, x - 4, barY - 10, opts.limitLabel, { "text-anchor": "end", class: over ? "limit-text over" : "limit-text" });
+      const lt = text(s, x - 4, barY - 10, opts.limitLabel, { "text-anchor": "end", class: over ? "limit-text over" : "limit-text" });
+      if (overlaps(lt, totalText, 8)) {  // no room beside the total: the line above it
+        lt.setAttribute("y", String(barY - 28));
+        lt.setAttribute("x", String(Math.max(x - 4, padL + lt.getBBox().width)));
+        line.setAttribute("y1", String(barY - 38));
+      }
     }
-    // legend: two columns
-    const ly = barY + barH + 38;
-    segs.forEach((seg, i) => {
-      const col = i % 2, row = Math.floor(i / 2);
-      const gx = padL + col * (W / 2), gy = ly + row * 20;
-      el("rect", { x: gx, y: gy - 10, width: 12, height: 12, fill: seg.color, rx: 2 }, s);
-      text(s, gx + 18, gy, seg.name);
-      text(s, gx + W / 2 - 40, gy, opts.fmt(seg.value), { "text-anchor": "end", class: "num" });
-    });
+    const lh = legend(s, segs, padL, barY + barH + 38, W - padL - padR, opts.fmt);
+    s.setAttribute("viewBox", `0 0 ${W} ${barY + barH + 38 + lh + 4}`);
     return s;
   }
 
@@ -116,10 +153,14 @@ const Charts = (() => {
 
   // Side-by-side panels sharing row labels. panels: [{title, rows, limit, limitLabel}]
   function panels(container, labels, panelsSpec, label) {
-    const W = 760, labelW = 110, rowH = 26;
+    const W = 760, rowH = 26;
     const H = 40 + labels.length * rowH + 24;
     const s = svg(container, W, H, label);
-    labels.forEach((name, i) => text(s, labelW - 8, 32 + i * rowH + 15, name, { "text-anchor": "end", class: "strong" }));
+    // the row labels set the left margin: the longest one fits (up to a third of the width)
+    const names = labels.map((name, i) => text(s, 0, 32 + i * rowH + 15, name, { "text-anchor": "end", class: "strong" }));
+    const widest = Math.max(0, ...names.map((t) => t.getComputedTextLength()));
+    const labelW = Math.min(W / 3, Math.max(110, widest + 14));
+    for (const t of names) t.setAttribute("x", String(labelW - 8));
     const pw = (W - labelW) / panelsSpec.length;
     panelsSpec.forEach((p, k) => {
       barPanel(s, labelW + k * pw, 32, pw - 10, p.rows.map((r, i) => Object.assign({ label: labels[i] }, r)), p);
