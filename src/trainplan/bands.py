@@ -5,8 +5,10 @@ Every estimate falls in one **validation class**, the product of four named axes
     family       accelerator family of the catalog entry: nvidia (NVIDIA data-centre GPUs of a
                  calibrated generation: Ampere, Hopper, Blackwell), consumer (Ada / RTX cards),
                  amd, tpu, trainium, gaudi, cerebras; other NVIDIA generations are
-                 ``nvidia-<generation>`` (no calibrated κ, no validated rows)
-    stack        ``Recipe.stack``: megatron, pytorch
+                 ``nvidia-<generation>``, and AMD / TPU / Trainium parts outside the generations
+                 with a κ (``timing.GENERATION``) ``<family>-<architecture>`` (e.g. amd-cdna2):
+                 no calibrated κ, no validated rows
+    stack        ``Recipe.stack``: megatron, pytorch, maxtext, neuron
     method       pre-train, full (full fine-tune), lora (LoRA and QLoRA), rlhf (PPO, GRPO, DPO,
                  reward models: never pooled with the others, see OWN_ROWS_ONLY)
     parallelism  data (data parallel, ZeRO 0-2, one device), zero-3 (fully sharded, no model
@@ -142,7 +144,10 @@ def accelerator_family(acc: Accelerator) -> str:
         if gen in CALIBRATED_NVIDIA_GENERATIONS:
             return "nvidia"
         return "nvidia-" + acc.family.lower().replace(" ", "-")
-    return FAMILY_BY_VENDOR.get(acc.vendor, acc.vendor.lower().replace(" ", "-"))
+    family = FAMILY_BY_VENDOR.get(acc.vendor, acc.vendor.lower().replace(" ", "-"))
+    if acc.name not in GENERATION:
+        return family + "-" + acc.family.lower().replace(" ", "-")
+    return family
 
 
 def parallelism_kind(layout: Layout) -> str:

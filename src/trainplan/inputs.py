@@ -485,8 +485,9 @@ RECIPE_FIELDS: Final = (
         group="recipe",
         choices=STACKS,
         help="training software, for the calibrated compute efficiency: megatron (Megatron-Core, NeMo, "
-        "Megatron Bridge), pytorch (torchtitan, torchtune, FSDP/FSDP2, llm-foundry, Accelerate) or "
-        "deepspeed (DeepSpeed ZeRO on transformers modules: OpenRLHF, DeepSpeed-Chat) (default: the engine's)",
+        "Megatron Bridge, on CUDA or ROCm), pytorch (torchtitan, torchtune, FSDP/FSDP2, llm-foundry, "
+        "Accelerate), deepspeed (DeepSpeed ZeRO on transformers modules: OpenRLHF, DeepSpeed-Chat), "
+        "maxtext (JAX/XLA: MaxText on TPU) or neuron (AWS Neuron SDK on Trainium) (default: the engine's)",
     ),
     _engine_switch(
         "recompute_early_stop",

@@ -49,7 +49,11 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 # "deepspeed" — DeepSpeed ZeRO engines on Hugging Face transformers modules (OpenRLHF,
 # DeepSpeed-Chat, TRL / Accelerate with DeepSpeed), κ fitted on the RL rows named in
 # validate/calibrate.py (RLHF_CALIBRATION_SETS).
-Stack = Literal["megatron", "pytorch", "deepspeed"]
+# "maxtext" — JAX programs compiled by XLA (MaxText, the TPU reference stack; XLA fuses and
+# schedules the whole step); "neuron" — the AWS Neuron SDK on Trainium (NeuronX Distributed
+# Training, NeMo-Megatron for Neuron: PyTorch/XLA lowered by the Neuron compiler). Each has its
+# own κ fitted on its family's runs (``hardware/data/calibration.toml``).
+Stack = Literal["megatron", "pytorch", "deepspeed", "maxtext", "neuron"]
 
 # RLHF / preference training (trainplan.rlhf): how the actor is trained, where its reference comes
 # from, and how the models share the devices.

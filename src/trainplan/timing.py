@@ -97,8 +97,33 @@ GENERATION: Final[dict[str, str]] = {
     "b300": "blackwell",
     "gb200": "blackwell",
     "gb300": "blackwell",
+    "mi300x": "cdna3-750w",
+    "mi325x": "cdna3-1000w",
+    "mi350x": "cdna4-1000w",
+    "mi355x": "cdna4-1400w",
+    "tpu-v4": "tpu",
+    "tpu-v5e": "tpu",
+    "tpu-v5p": "tpu",
+    "tpu-v6e": "tpu",
+    "tpu-v7": "tpu",
+    "trn1": "trainium",
+    "trn2": "trainium",
+    "trn3": "trainium",
 }
-"""NVIDIA GPU generations (the unit of the calibrated κ and of the attention-kernel efficiency)."""
+"""Accelerator generations: the unit of the calibrated κ (and, for NVIDIA, of the attention-kernel
+efficiency). NVIDIA GPUs by architecture. AMD GPUs by architecture and board power: the MI300X
+(750 W) and MI325X (1,000 W) share CDNA 3 and its peak, the MI350X (1,000 W) and MI355X (1,400 W)
+CDNA 4, but the same MLPerf LoRA run is 1.34x faster on the MI325X and 1.21x on the MI355X —
+sustained clocks under load, which κ carries, differ with the power envelope (the MI250X's CDNA 2
+has no training run here). Google TPUs and AWS Trainium chips as one generation
+each, because their κ measures a compiler stack (XLA, Neuron) rather than one chip: it is fitted
+on TPU v5p / v6e and on Trn1 runs and used for every chip of the family (the kernel efficiencies
+stay per chip, ``efficiency.toml``)."""
+
+NATIVE_STACK: Final[dict[str, str]] = {"tpu": "maxtext", "trainium": "neuron"}
+"""The training stack each non-GPU generation's published runs use: XLA (MaxText) on TPU, the
+Neuron SDK on Trainium. A request for another stack on these devices takes the native stack's
+κ, and the estimate says so (a CUDA stack such as Megatron-Core does not run there)."""
 
 ATTENTION_BY_GENERATION: Final[dict[str, str]] = {"ampere": "ampere", "ada": "ampere", "hopper": "hopper"}
 
@@ -160,13 +185,15 @@ def stack_ratio(stack: str) -> float | None:
 
 
 def kappa_source(accelerator_name: str, stack: str = "megatron") -> str:
-    """How :func:`calibrated_kappa` got its value: "fitted", "ratio" or "none"."""
+    """How :func:`calibrated_kappa` got its value: "fitted", "ratio", "native" or "none"."""
     gen = GENERATION.get(accelerator_name, "")
     cal = _calibration()
     if (stack, gen) in cal or _overridden(stack, gen) is not None:
         return "fitted"
     if ("megatron", gen) in cal and stack_ratio(stack) is not None:
         return "ratio"
+    if (NATIVE_STACK.get(gen, ""), gen) in cal:
+        return "native"
     return "none"
 
 
@@ -175,7 +202,8 @@ def calibrated_kappa(accelerator_name: str, stack: str = "megatron") -> float | 
 
     Fitted where the stack has calibration rows on that generation; otherwise the Megatron κ of
     the generation times the stack's mean ratio to Megatron over the generations fitted for both
-    (:func:`stack_ratio`); None when the generation has no Megatron κ either.
+    (:func:`stack_ratio`); on a TPU or Trainium generation, the κ of its native stack
+    (:data:`NATIVE_STACK`); None when none of these is fitted.
     """
     gen = GENERATION.get(accelerator_name, "")
     cal = _calibration()
@@ -186,9 +214,9 @@ def calibrated_kappa(accelerator_name: str, stack: str = "megatron") -> float | 
         return cal[(stack, gen)]
     base = cal.get(("megatron", gen))
     ratio = stack_ratio(stack)
-    if base is None or ratio is None:
-        return None
-    return base * ratio
+    if base is not None and ratio is not None:
+        return base * ratio
+    return cal.get((NATIVE_STACK.get(gen, ""), gen))
 
 
 EAGER_ATTENTION_EFFICIENCY_FACTOR: Final = 0.5
@@ -699,10 +727,17 @@ def step_time(
             )
         else:
             kappa = cal
-            if kappa_source(acc.name, recipe.stack) == "ratio":
+            source = kappa_source(acc.name, recipe.stack)
+            if source == "ratio":
                 notes.append(
                     f"{acc.name}: no {recipe.stack} calibration rows on its generation; κ is the Megatron κ "
                     f"times the {recipe.stack}/Megatron ratio of the generations fitted for both"
+                )
+            elif source == "native":
+                native = NATIVE_STACK[GENERATION[acc.name]]
+                notes.append(
+                    f"{acc.name}: the {recipe.stack} stack has no runs on this device; κ = {kappa:.3f} of "
+                    f"{native}, the stack its published runs use (--stack {native})"
                 )
     eff = get_efficiency(acc.name)
     pk = recipe_peaks(acc, recipe, eff)
