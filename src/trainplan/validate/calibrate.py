@@ -16,6 +16,18 @@ and pipeline bubbles do not blur the compute term —
     megatron  blackwell  Megatron-Bridge single-node (8 × B200 / GB200 / GB300) rows
     pytorch   ampere     llm-foundry single-node 8 × A100-80GB rows (FSDP, Composer)
     pytorch   hopper     llm-foundry single-node 8 × H100 rows
+    megatron  cdna3-750w, cdna3-1000w, cdna4-1000w, cdna4-1400w
+                         AMD's own MLPerf Training v5.1 Llama 2 70B LoRA run on 8 × MI300X,
+                         MI325X, MI350X, MI355X (NeMo / Megatron-Core / Transformer Engine on
+                         ROCm), one row each; the partners' runs of the same code (Dell, ASUS,
+                         Supermicro, MiTAC, Quanta, GIGABYTE, Cisco, Krai) only validate
+    maxtext   tpu        MaxText on one TPU slice: Llama 3.1 8B on v6e-256, Llama 2 70B and the
+                         32B reference model on v5p (XLA on TPU; every TPU generation)
+    neuron    trainium   NeuronX Distributed Llama 2 7B on 16 trn1.32xlarge (every Trainium chip)
+
+AMD publishes no pre-training run with its full configuration in the package: its κ is fitted on
+MLPerf LoRA fine-tuning, one node each. On TPU and Trainium no single-node run is published: the calibration rows are the smallest
+published runs, one slice (TPU) or 16 instances (Trainium).
 
 A stack without rows on a generation takes the Megatron κ of that generation times the stack's
 mean ratio to Megatron (``timing.calibrated_kappa``).
@@ -56,6 +68,20 @@ CALIBRATION_SETS: dict[tuple[str, str], tuple[tuple[str, Callable[[TimingRow], b
     ("pytorch", "hopper"): (
         ("llmfoundry_mpt", lambda r: r.split == "calibrate" and r.hardware == "h100-sxm"),
     ),
+    ("megatron", "cdna3-750w"): (
+        ("mlperf51_llama2_70b_lora", lambda r: r.split == "calibrate" and r.hardware == "mi300x"),
+    ),
+    ("megatron", "cdna3-1000w"): (
+        ("mlperf51_llama2_70b_lora", lambda r: r.split == "calibrate" and r.hardware == "mi325x"),
+    ),
+    ("megatron", "cdna4-1000w"): (
+        ("mlperf51_llama2_70b_lora", lambda r: r.split == "calibrate" and r.hardware == "mi350x"),
+    ),
+    ("megatron", "cdna4-1400w"): (
+        ("mlperf51_llama2_70b_lora", lambda r: r.split == "calibrate" and r.hardware == "mi355x"),
+    ),
+    ("maxtext", "tpu"): (("maxtext_tpu", lambda r: r.split == "calibrate"),),
+    ("neuron", "trainium"): (("neuron_trn1", lambda r: r.split == "calibrate"),),
 }
 """(stack, generation) -> the datasets and rows κ is fitted on (the calibration split)."""
 

@@ -80,7 +80,12 @@ class DatasetError(TrainplanError):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelDims:
-    """Explicit architecture of a measured model (``arch``: llama = SwiGLU/RMSNorm/RoPE, gpt/mpt = GELU/LayerNorm)."""
+    """Explicit architecture of a measured model.
+
+    ``arch``: llama = SwiGLU/RMSNorm/RoPE; gpt/mpt = GELU/LayerNorm; maxtext = MaxText's
+    ``default`` decoder block (RMSNorm, RoPE, one-activation MLP of two matrices, embedding tied
+    to the output logits: ``MaxText/configs/base.yml``). ``explicit_head_dim``: the optional
+    ``head_dim`` column, for models whose head dimension is not hidden / heads."""
 
     arch: str
     layers: int
@@ -89,10 +94,11 @@ class ModelDims:
     kv_heads: int
     ffn: int
     vocab: int
+    explicit_head_dim: int | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim if self.explicit_head_dim is not None else self.hidden // self.heads
 
 
 RECIPE_SWITCHES: Final = (
@@ -386,6 +392,40 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             stack="pytorch",
         ),
         DatasetInfo(
+            name="mlperf51_llama2_70b_lora",
+            kind="timing",
+            metric="step_s",
+            mape_bound=0.15,
+            description="MLPerf Training v5.1 Llama 2 70B LoRA on one 8-accelerator node, FP8: MI300X, MI325X, "
+            "MI350X, MI355X (AMD's NeMo/Megatron-Core on ROCm, AMD and partner submissions) against H200 and B200 "
+            "(NVIDIA NeMo); step time from the logged throughput",
+            source="mlcommons/training_results_v5.1 results/*/llama2_70b_lora/result_0.txt and the submitters' configs (2025-11)",
+            target=0.10,
+        ),
+        DatasetInfo(
+            name="maxtext_tpu",
+            kind="timing",
+            metric="step_s",
+            mape_bound=0.15,
+            description="MaxText on TPU v5p and v6e (Trillium): Llama 2 70B, Llama 3.1 8B/70B and the "
+            "32B-1T v5p reference models, FSDP (+ TP), BF16, step time from the published MFU or tokens/s",
+            source="AI-Hypercomputer/maxtext docs/reference/models/tiering.md (2025-09) and "
+            "MaxText/configs/v5p/README.md (2023-12)",
+            target=0.10,
+            stack="maxtext",
+        ),
+        DatasetInfo(
+            name="neuron_trn1",
+            kind="timing",
+            metric="step_s",
+            mape_bound=0.20,
+            description="Llama 2 7B/13B/70B (NeuronX Distributed) and GPT-3 175B (NeMo-Megatron) pre-training "
+            "on 16-32 trn1.32xlarge, TP/PP/DP, BF16; step time from the published sequences/s",
+            source="aws-neuron/aws-neuron-sdk general/benchmarks/trn1/training_data_decoder.csv (Neuron 2.15-2.16)",
+            target=0.15,
+            stack="neuron",
+        ),
+        DatasetInfo(
             name="torchtune_memory",
             kind="memory",
             metric="memory_bytes",
@@ -574,8 +614,16 @@ class _Cells:
         arch = (
             self.text("arch") if "arch" in self.raw else ("llama" if "llama" in self.text("model") else "gpt")
         )
+        head_dim = self.optional_text("head_dim")
         return ModelDims(
-            arch=arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv, ffn=ffn, vocab=vocab
+            arch=arch,
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv,
+            ffn=ffn,
+            vocab=vocab,
+            explicit_head_dim=self.req_int("head_dim") if head_dim else None,
         )
 
 

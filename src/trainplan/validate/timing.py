@@ -96,6 +96,23 @@ def _model(row: TimingRow) -> ModelSpec:
     d = row.dims
     if d is None:
         raise TrainplanError("model", f"row {row.name} names neither a preset nor dimensions")
+    if d.arch == "maxtext":
+        return ModelSpec(
+            name=row.model,
+            family="maxtext",
+            num_layers=d.layers,
+            hidden_size=d.hidden,
+            num_heads=d.heads,
+            num_kv_heads=d.kv_heads,
+            head_dim=d.head_dim,
+            ffn_hidden=d.ffn,
+            vocab_size=d.vocab,
+            activation="gelu",
+            norm="rmsnorm",
+            position="rope",
+            tied_embeddings=True,
+            max_seq_len=row.seq_len or 2048,
+        )
     gpt = d.arch in ("gpt", "mpt")
     return ModelSpec(
         name=row.model,
