@@ -7,7 +7,7 @@ rows) exceeds its stated bound; ``--markdown FILE`` writes the generated docs/va
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from trainplan.errors import TrainplanError
 from trainplan.layout import Layout
@@ -16,7 +16,7 @@ from trainplan.models import load_model
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import RECOMPUTES, Recipe
 from trainplan.sharding import DeviceParams
-from trainplan.validate.datasets import REGISTRY, MemoryRow, memory_rows
+from trainplan.validate.datasets import REGISTRY, MemoryRow, memory_rows, timing_rows
 from trainplan.validate.timing import TIMING_DATASETS, DatasetResult, RowResult, validate_dataset
 
 
@@ -131,6 +131,83 @@ def _target_note(res: DatasetResult) -> str:
     return " (target met)" if res.mape <= t else " (target not met)"
 
 
+@dataclass(frozen=True, kw_only=True)
+class FamilySummary:
+    """Step-time accuracy of one accelerator family × training stack, calibration rows apart."""
+
+    family: str
+    stack: str
+    datasets: tuple[str, ...]
+    calibration_rows: int
+    calibration_mape: float | None  # how well κ fits its own rows (not a validation figure)
+    validation_rows: int
+    validation_mape: float | None
+    validation_bias: float | None
+
+
+def family_summaries(results: list[DatasetResult]) -> list[FamilySummary]:
+    """Per accelerator family (``bands.accelerator_family``) and stack: MAPE of the validation
+    rows, and separately the fit error of the calibration rows κ was fitted on."""
+    from trainplan.bands import accelerator_family
+    from trainplan.hardware import get_accelerator
+
+    groups: dict[tuple[str, str], list[tuple[str, RowResult]]] = {}
+    for res in results:
+        if res.name not in TIMING_DATASETS:
+            continue
+        hardware = {r.name: r.hardware for r in timing_rows(res.name)}
+        for r in res.rows:
+            if r.error is None:
+                continue
+            key = (accelerator_family(get_accelerator(hardware[r.name])), REGISTRY[res.name].stack)
+            groups.setdefault(key, []).append((res.name, r))
+    out = []
+    for (family, stack), items in sorted(groups.items()):
+        cal = [abs(r.error) for _, r in items if r.split == "calibrate" and r.error is not None]
+        val = [r.error for _, r in items if r.split == "validate" and r.error is not None]
+        out.append(
+            FamilySummary(
+                family=family,
+                stack=stack,
+                datasets=tuple(sorted({d for d, _ in items})),
+                calibration_rows=len(cal),
+                calibration_mape=statistics.fmean(cal) if cal else None,
+                validation_rows=len(val),
+                validation_mape=statistics.fmean(abs(e) for e in val) if val else None,
+                validation_bias=statistics.fmean(val) if val else None,
+            )
+        )
+    return out
+
+
+def _pct_or_dash(x: float | None, signed: bool = False) -> str:
+    if x is None:
+        return "—"
+    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
+
+
+def render_family_markdown(results: list[DatasetResult]) -> list[str]:
+    out = [
+        "",
+        "## Step time by accelerator family",
+        "",
+        "Each family × training stack: the MAPE of its **validation** rows, and apart from it the fit",
+        "error of the calibration rows its κ was fitted on. A family that is not listed has no",
+        "published training run in the package: it runs uncalibrated (κ = 1, microbenchmark",
+        "efficiencies only) and carries the uncalibrated band.",
+        "",
+        "| family | stack | datasets | calibration rows | calibration fit | validation rows | validation MAPE | bias |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in family_summaries(results):
+        out.append(
+            f"| {f.family} | {f.stack} | {', '.join(f.datasets)} | {f.calibration_rows} | "
+            f"{_pct_or_dash(f.calibration_mape)} | {f.validation_rows} | {_pct_or_dash(f.validation_mape)} | "
+            f"{_pct_or_dash(f.validation_bias, signed=True)} |"
+        )
+    return out
+
+
 def render_text(results: list[DatasetResult], *, rows: bool = False) -> str:
     lines = [
         f"{'dataset':28s} {'rows':>5s} {'scored':>6s} {'MAPE':>7s} {'bias':>7s} {'bound':>6s} {'target':>6s}  verdict"
@@ -149,6 +226,13 @@ def render_text(results: list[DatasetResult], *, rows: bool = False) -> str:
             for r in res.rows:
                 err = "skipped: " + r.skipped if r.error is None else f"{100 * r.error:+6.1f}%"
                 lines.append(f"    {r.name[:60]:60s} [{r.split}] {err}")
+    lines += ["", "step time by accelerator family (validation rows; calibration rows apart):"]
+    for f in family_summaries(results):
+        lines.append(
+            f"  {f.family:10s} {f.stack:9s} validation {f.validation_rows:3d} rows "
+            f"MAPE {_pct_or_dash(f.validation_mape):>6s}   calibration {f.calibration_rows:3d} rows "
+            f"fit {_pct_or_dash(f.calibration_mape):>6s}"
+        )
     return "\n".join(lines)
 
 
@@ -172,6 +256,7 @@ def render_markdown(results: list[DatasetResult]) -> str:
             f"{'—' if mape is None else f'{100 * mape:.1f}%'} | {'—' if bias is None else f'{100 * bias:+.1f}%'} | "
             f"{100 * res.bound:.0f}% | {_target(res.name)} | {'pass' if res.passed else 'FAIL'}{_target_note(res)} |"
         )
+    out += render_family_markdown(results)
     for res in results:
         out += [
             "",
@@ -190,7 +275,9 @@ def render_markdown(results: list[DatasetResult]) -> str:
                     f"{'; '.join(r.assumptions)} |"
                 )
     from trainplan.validate.bands import render_bands_markdown
+    from trainplan.validate.claims import render_claims_markdown
 
+    out += render_claims_markdown()
     return "\n".join(out) + "\n\n" + render_bands_markdown()
 
 
