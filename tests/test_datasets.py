@@ -94,15 +94,57 @@ def test_judged_datasets_never_calibrate() -> None:
         "llmfoundry_mpt",
         "nemo2407_h100",
         "megatron_bridge_llama3",
+        "maxtext_tpu",
+        "neuron_trn1",
+        "mlperf51_llama2_70b_lora",
     }
 
 
+SMALLEST_PUBLISHED_RUN: dict[str, int] = {"maxtext_tpu": 512, "neuron_trn1": 256}
+"""TPU and Trainium publish no single-node run: their calibration rows are the smallest runs
+published (one TPU slice of at most 512 chips; 16 trn1.32xlarge)."""
+
+
+CALIBRATION_METHOD: dict[str, str] = {"mlperf51_llama2_70b_lora": "lora"}
+"""AMD's only fully configured published training runs are MLPerf LoRA fine-tuning runs."""
+
+
 def test_calibrate_rows_are_single_node_pretraining() -> None:
-    for rows in TIMING.values():
+    for name, rows in TIMING.items():
         for r in rows:
             assert isinstance(r, TimingRow)
             if r.split == "calibrate":
-                assert r.num_devices <= 8 and r.method == "pretrain" and r.is_target, r.name
+                limit = SMALLEST_PUBLISHED_RUN.get(name, 8)
+                method = CALIBRATION_METHOD.get(name, "pretrain")
+                assert r.num_devices <= limit and r.method == method and r.is_target, r.name
+
+
+def test_tpu_and_trainium_rows_recompute_their_step_time() -> None:
+    """MaxText's v5p step times follow from the published TFLOP/s and MaxText's FLOP count; the
+    tiering and Neuron rows from tokens (sequences) per second; every published MFU matches the
+    published TFLOP/s over the v5p BF16 peak."""
+    for r in ALL["maxtext_tpu"]:
+        assert isinstance(r, TimingRow) and r.derived_step_s is not None and r.seq_len and r.micro_batch
+        if r.measured_tokens_per_s_per_device is not None:
+            expected = r.micro_batch * r.seq_len / r.measured_tokens_per_s_per_device
+            assert r.derived_step_s == pytest.approx(expected, rel=1e-5), r.name
+        else:
+            assert r.dims is not None and r.measured_tflops_per_device and r.measured_mfu
+            d = r.dims
+            n = (
+                d.vocab * d.hidden
+                + d.layers * (4 * d.hidden * d.heads * d.head_dim + 2 * d.hidden * d.ffn + 2 * d.hidden)
+                + d.hidden
+            )
+            flop = (
+                6 * n * r.seq_len * r.micro_batch
+                + 6 * d.heads * d.layers * d.head_dim * r.seq_len**2 * r.micro_batch
+            )
+            assert r.derived_step_s == pytest.approx(flop / (r.measured_tflops_per_device * 1e12), rel=1e-5)
+            assert r.measured_tflops_per_device / 459 == pytest.approx(r.measured_mfu, abs=2e-3), r.name
+    for r in ALL["neuron_trn1"]:
+        assert isinstance(r, TimingRow) and r.global_batch == 1024 and r.derived_step_s is not None
+        assert r.num_devices == r.dp * r.tp * r.pp or r.verification == "UNVERIFIED", r.name
 
 
 def test_every_validated_family_has_validation_rows() -> None:
@@ -112,7 +154,20 @@ def test_every_validated_family_has_validation_rows() -> None:
         for r in rows
         if isinstance(r, TimingRow) and r.split == "validate"
     }
-    assert {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "gb200"} <= hardware
+    assert {
+        "a100-40gb",
+        "a100-80gb",
+        "h100-sxm",
+        "h200",
+        "b200",
+        "gb200",
+        "mi300x",
+        "mi325x",
+        "mi355x",
+        "tpu-v5p",
+        "tpu-v6e",
+        "trn1",
+    } <= hardware
 
 
 # ---------------------------------------------------------------- timing rows, common checks
@@ -411,8 +466,9 @@ def test_recipe_columns_default_where_absent() -> None:
     """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults
     (the NVIDIA, Megatron-LM, llm-foundry and torchtitan tables state only their runs' communication,
     gradient-accumulation and checkpoint switches)."""
+    with_recipe = {"torchtune_throughput", "mlperf51_llama2_70b_lora", "maxtext_tpu", "neuron_trn1"}
     for name, rows in TIMING.items():
-        if name == "torchtune_throughput":
+        if name in with_recipe:  # these state their optimizer, offload and LoRA / precision settings
             continue
         for r in rows:
             assert isinstance(r, TimingRow)
@@ -532,3 +588,24 @@ def test_early_stop_only_on_pytorch_checkpoint_rows() -> None:
     assert {r.recipe_flags.recompute_early_stop for r in foundry} == {True, False}  # torch 2.0 → 2.1
     with pytest.raises(DatasetError, match="without full recompute"):
         _row_with(recompute="none", recipe_flags="recompute_early_stop")
+
+
+def test_mlperf_lora_rows_recompute_from_their_logs() -> None:
+    """Step time = global batch / logged samples per second (or the logged step timestamps), every
+    row one node of 8 with the benchmark's batch, sequence and LoRA settings."""
+    for r in ALL["mlperf51_llama2_70b_lora"]:
+        assert isinstance(r, TimingRow)
+        assert (r.num_devices, r.global_batch, r.seq_len, r.method, r.precision) == (
+            8,
+            8,
+            8192,
+            "lora",
+            "fp8",
+        )
+        assert r.recipe_flags.lora_rank == 16 and r.recipe_flags.lora_alpha == 32.0
+        assert r.step_s is not None
+        if r.measured_tokens_per_s is not None:
+            assert r.step_s == pytest.approx(8 * 8192 / r.measured_tokens_per_s, rel=1e-5), r.name
+        else:
+            assert r.measured_step_s is not None and "train_loss" in r.derivation, r.name
+        assert "mlcommons/training_results_v5.1" in r.source

@@ -19,7 +19,7 @@ from trainplan.predict import estimate
 from trainplan.recipe import Recipe
 from trainplan.timing import calibrated_kappa, step_time
 from trainplan.validate import calibrate
-from trainplan.validate.datasets import scheme_pairs, timing_rows
+from trainplan.validate.datasets import TimingRow, scheme_pairs, timing_rows
 from trainplan.validate.report import run_all
 from trainplan.validate.timing import TIMING_DATASETS, predict_row, validate_dataset
 
@@ -175,7 +175,17 @@ def test_calibration_is_reproducible_from_its_split() -> None:
     """κ is fitted on the calibration split only; re-fitting gives the stored value."""
     for stack, gen in calibrate.CALIBRATION_SETS:
         fit = calibrate.fit_generation(gen, stack)
-        stored = {"ampere": "a100-80gb", "hopper": "h100-sxm", "blackwell": "b200"}[gen]
+        stored = {
+            "ampere": "a100-80gb",
+            "hopper": "h100-sxm",
+            "blackwell": "b200",
+            "cdna3-750w": "mi300x",
+            "cdna3-1000w": "mi325x",
+            "cdna4-1000w": "mi350x",
+            "cdna4-1400w": "mi355x",
+            "tpu": "tpu-v5p",
+            "trainium": "trn1",
+        }[gen]
         assert calibrated_kappa(stored, stack) == pytest.approx(fit.kappa, abs=2e-3), (stack, gen)
         for name in fit.rows:
             row = next(
@@ -189,8 +199,67 @@ def test_calibration_is_reproducible_from_its_split() -> None:
         assert all(r.split == "validate" for r in timing_rows(judged))
 
 
+def test_kappa_ignores_validation_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Changing every validation row of a family's datasets leaves its fitted κ unchanged;
+    changing a calibration row moves it."""
+    from dataclasses import replace as dc_replace
+
+    real = timing_rows
+    for stack, gen in (("maxtext", "tpu"), ("neuron", "trainium"), ("megatron", "hopper")):
+        before = calibrate.fit_generation(gen, stack).kappa
+
+        def halved(name: str, split: str) -> list[TimingRow]:
+            return [
+                dc_replace(
+                    r,
+                    derived_step_s=(r.step_s or 1.0) * 0.5,
+                    measured_step_s=None,
+                    measured_tokens_per_s=None
+                    if r.measured_tokens_per_s is None
+                    else r.measured_tokens_per_s * 2,
+                    measured_tokens_per_s_per_device=None
+                    if r.measured_tokens_per_s_per_device is None
+                    else r.measured_tokens_per_s_per_device * 2,
+                )
+                if r.split == split
+                else r
+                for r in real(name)
+            ]
+
+        monkeypatch.setattr(calibrate, "timing_rows", lambda name: halved(name, "validate"))
+        assert calibrate.fit_generation(gen, stack).kappa == before, (stack, gen)
+        monkeypatch.setattr(calibrate, "timing_rows", lambda name: halved(name, "calibrate"))
+        assert calibrate.fit_generation(gen, stack).kappa != pytest.approx(before, rel=0.05), (stack, gen)
+        monkeypatch.setattr(calibrate, "timing_rows", real)
+
+
+def test_tpu_and_trainium_take_their_native_stack() -> None:
+    """κ on TPU and Trainium is the XLA (MaxText) and Neuron κ; asking for a CUDA stack there
+    takes the native κ and says so."""
+    from trainplan.timing import kappa_source
+
+    for hw, native in (
+        ("tpu-v5p", "maxtext"),
+        ("tpu-v6e", "maxtext"),
+        ("trn1", "neuron"),
+        ("trn2", "neuron"),
+    ):
+        k = calibrated_kappa(hw, native)
+        assert k is not None and 0.3 < k < 1.0
+        assert kappa_source(hw, native) == "fitted"
+        assert calibrated_kappa(hw, "megatron") == k and kappa_source(hw, "megatron") == "native"
+    t = est("tpu-v5p", 64, Layout(dp=64, zero=3), Recipe(seq_len=2048, global_batch=64)).time
+    assert t.kappa == calibrated_kappa("tpu-v5p", "maxtext")
+    assert any("--stack maxtext" in n for n in t.notes)
+    own = est(
+        "tpu-v5p", 64, Layout(dp=64, zero=3), Recipe(seq_len=2048, global_batch=64, stack="maxtext")
+    ).time
+    assert not any("--stack" in n for n in own.notes)
+    assert calibrated_kappa("h100-sxm", "maxtext") is None  # no MaxText runs on GPUs in the package
+
+
 def test_uncalibrated_devices_say_so() -> None:
-    e = est("mi300x", 8, Layout(dp=8, zero=3), Recipe(seq_len=2048, global_batch=8))
+    e = est("gaudi2", 8, Layout(dp=8, zero=3), Recipe(seq_len=2048, global_batch=8))
     assert e.time.kappa == 1.0
     assert any("no calibrated" in n for n in e.time.notes)
     assert math.isfinite(e.time.step_s)
@@ -363,7 +432,7 @@ def test_stack_kappa_fitted_or_derived_from_the_ratio() -> None:
     assert b200 is not None
     assert calibrated_kappa("b200", "pytorch") == pytest.approx(b200 * ratio)
     assert kappa_source("b200", "pytorch") == "ratio"
-    assert calibrated_kappa("mi300x", "pytorch") is None  # no Megatron κ to scale either
+    assert calibrated_kappa("mi250x", "pytorch") is None  # no Megatron κ to scale either
     r = Recipe(seq_len=2048, global_batch=8)
     mega_t = est("b200", 8, Layout(dp=8, zero=3), r).time
     torch_t = est("b200", 8, Layout(dp=8, zero=3), replace(r, stack="pytorch")).time
@@ -383,3 +452,52 @@ def test_pytorch_stack_validates_out_of_sample() -> None:
     ):
         res = validate_dataset(name)  # MAPE over the validate split
         assert res.mape is not None and res.mape <= bound, (name, res.mape)
+
+
+def test_cross_vendor_order_on_published_comparisons() -> None:
+    """MLPerf Training v5.1 Llama 2 70B LoRA, one node of 8, same model, sequence, batch, LoRA and
+    FP8 recipe (FP8 attention off) on both vendors: the faster accelerator must come out faster.
+    H200's κ comes from NeMo pre-training rows, not from this benchmark. Left out: B200, whose
+    run used FP8 attention (Dell config_common.sh FP8_DPA=1) where AMD's runs did not — not the
+    same settings."""
+    rows = [r for r in timing_rows("mlperf51_llama2_70b_lora") if r.is_target]
+
+    def median_step(hw: str, which: str) -> float:
+        values = []
+        for r in rows:
+            if r.hardware != hw:
+                continue
+            if which == "published":
+                assert r.step_s is not None
+                values.append(r.step_s)
+            else:
+                res = predict_row(r)
+                assert res.predicted is not None, res.skipped
+                values.append(res.predicted)
+        return statistics.median(values)
+
+    for nvidia, amd in (("h200", "mi300x"), ("h200", "mi325x"), ("h200", "mi350x"), ("h200", "mi355x")):
+        published = median_step(nvidia, "published") < median_step(amd, "published")
+        predicted = median_step(nvidia, "predicted") < median_step(amd, "predicted")
+        assert published == predicted, (nvidia, amd)
+    # the case the seed asks about: MI300X trains slower than H200 despite higher peaks
+    assert median_step("mi300x", "predicted") > median_step("h200", "predicted")
+    mi300x, h200 = get_accelerator("mi300x"), get_accelerator("h200")
+    assert mi300x.peak_flops_per_s("fp8") > h200.peak_flops_per_s("fp8")
+    assert mi300x.memory_bandwidth_bytes_per_s > h200.memory_bandwidth_bytes_per_s
+
+
+def test_seed_claims_follow_from_the_numbers() -> None:
+    """The claims section of docs/validation.md: verdicts derived from estimates, not written."""
+    from trainplan.validate import claims
+
+    by_claim = {c.claim: c for c in claims.claims()}
+    assert len(by_claim) == 5
+    mi = claims.mi300x_against_h200()
+    assert mi.verdict.startswith("reproduced")
+    dgx = claims.dgx_b200_memory()
+    assert dgx.verdict.startswith("refuted") and "not unified" in dgx.verdict
+    ft = claims.full_finetune_70b()
+    assert ft.verdict.startswith("partly refuted") and "8× mi300x" in ft.verdict
+    assert "20.78 PFLOP/s" in " ".join(claims.trn2_instance().evidence)
+    assert claims.qlora_7b_on_rtx4090().verdict == "reproduced"
