@@ -88,11 +88,14 @@ and flagged as an assumption in the estimate's notes."""
 GENERATION: Final[dict[str, str]] = {
     "a100-40gb": "ampere",
     "a100-80gb": "ampere",
+    "a800": "ampere",
     "rtx-4090": "ada",
     "l40s": "ada",
     "h100-sxm": "hopper",
     "h100-pcie": "hopper",
     "h200": "hopper",
+    "h800": "hopper",
+    "h20": "hopper",
     "b200": "blackwell",
     "b300": "blackwell",
     "gb200": "blackwell",
@@ -108,6 +111,7 @@ GENERATION: Final[dict[str, str]] = {
     "tpu-v7": "tpu",
     "trn1": "trainium",
     "trn2": "trainium",
+    "trn2-ultraserver": "trainium",
     "trn3": "trainium",
 }
 """Accelerator generations: the unit of the calibrated κ (and, for NVIDIA, of the attention-kernel
