@@ -60,7 +60,7 @@ class Option:
         maturity = (
             f"calibrated ({e.step_band.class_name}, κ = {e.time.kappa:.2f})"
             if self.calibrated
-            else "uncalibrated (no validated training run on this family)"
+            else f"uncalibrated (too few validated training runs on this family for a band; κ = {e.time.kappa:.2f})"
         )
         price = e.run.price_source or "no price"
         return (
@@ -138,7 +138,7 @@ class Choice:
         if mixed == {True, False}:
             lines.append(
                 "the ranking mixes calibrated and uncalibrated accelerators: the uncalibrated ones' "
-                "times and costs rest on microbenchmark efficiencies, not on validated training runs"
+                "times and costs carry the wide uncalibrated band: too few validated training runs back them"
             )
         return lines
 
