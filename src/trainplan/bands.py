@@ -395,12 +395,18 @@ def _pct(x: float) -> str:
 
 def step_band(acc: Accelerator, recipe: Recipe, layout: Layout) -> Band:
     """The step-time band of a configuration (also that of tokens/s, run time and cost)."""
-    return band_table().lookup("step_s", classify(acc, recipe, layout))
+    return _band("step_s", classify(acc, recipe, layout))
 
 
 def memory_band(acc: Accelerator, recipe: Recipe, layout: Layout) -> Band:
     """The peak-memory band of a configuration."""
-    return band_table().lookup("memory_bytes", classify(acc, recipe, layout))
+    return _band("memory_bytes", classify(acc, recipe, layout))
+
+
+@cache
+def _band(quantity: Quantity, key: ClassKey) -> Band:
+    """The committed table's band of a class (the table is read once, so is each class's band)."""
+    return band_table().lookup(quantity, key)
 
 
 FitVerdict = Literal["fits", "fits only at the optimistic edge", "does not fit"]

@@ -1226,6 +1226,12 @@ class StageActivations:
         return sum(self.terms.values())
 
 
+@functools.lru_cache(maxsize=256)
+def _without_recompute(recipe: Recipe) -> Recipe:
+    """``recipe`` with ``recompute="none"``: what a recomputed layer holds while it reruns."""
+    return replace(recipe, recompute="none")
+
+
 def stage_activations(
     model: ModelSpec, recipe: Recipe, layout: Layout, stage: int, num_microbatches: int
 ) -> StageActivations:
@@ -1242,7 +1248,7 @@ def stage_activations(
         for k, v in la.terms.items():
             act_terms[k] = act_terms.get(k, 0.0) + v * inflight * n_layers
         if recipe.recompute == "full":
-            full = layer_activations(model, replace(recipe, recompute="none"), layout, i)
+            full = layer_activations(model, _without_recompute(recipe), layout, i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)
         elif recipe.recompute == "sac":
             largest_layer_full = max(
