@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from trainplan.hardware import list_accelerators
+from trainplan.hardware.prices import OPEN
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models import load_model
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{max(times):6.2f} s"
             )
             continue
-        prices = [_price(a, None, {}) for a in accs]
+        prices = [_price(a, OPEN, {}).usd_per_device_hour for a in accs]
 
         def cold_run(
             model: ModelSpec = model,
