@@ -464,8 +464,8 @@ def test_recipe_flags_parse_and_name_bad_entries() -> None:
 
 def test_recipe_columns_default_where_absent() -> None:
     """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults
-    (the NVIDIA, Megatron-LM, llm-foundry and torchtitan tables state only their runs' communication,
-    gradient-accumulation and checkpoint switches)."""
+    (the NVIDIA, Megatron-LM, llm-foundry, torchtitan and Llama 3 tables state only their runs'
+    communication, gradient-accumulation, checkpoint and pipeline-split switches)."""
     with_recipe = {"torchtune_throughput", "mlperf51_llama2_70b_lora", "maxtext_tpu", "neuron_trn1"}
     for name, rows in TIMING.items():
         if name in with_recipe:  # these state their optimizer, offload and LoRA / precision settings
@@ -479,6 +479,8 @@ def test_recipe_columns_default_where_absent() -> None:
                 zero3_per_parameter=f.zero3_per_parameter,
                 grad_accumulation=f.grad_accumulation,
                 recompute_early_stop=f.recompute_early_stop,
+                pp_split_embedding=f.pp_split_embedding,
+                pp_split_head=f.pp_split_head,
             )
             assert r.optimizer is None and r.offload is None and f == only_comm, r.name
 

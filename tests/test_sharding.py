@@ -23,7 +23,7 @@ def test_pipeline_stages_partition_the_layers(name: str) -> None:
     model = load_model(name)
     pp = min(4, model.num_layers)
     layout = Layout(pp=pp)
-    layers = [i for st in range(pp) for i in stage_layers(model, pp, st)]
+    layers = [i for st in range(pp) for i in stage_layers(model, Layout(pp=pp), st)]
     assert layers == list(range(model.num_layers))
     total = sum(device_params(model, layout, st).total for st in range(pp))
     tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0

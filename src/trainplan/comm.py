@@ -1022,14 +1022,20 @@ def context_parallel_collectives(
 
 
 def zero3_gather_units(spec: ModelSpec, layout: Layout) -> int:
-    """Collectives per pass of a ZeRO-3 stage on the busiest pipeline stage (⌈L/pp⌉ layers).
+    """Collectives per pass of a ZeRO-3 stage on the busiest pipeline stage (the most layers of
+    ``layout.stage_layers``: ⌈L/pp⌉ for an even split).
 
     ``"block"``: one per block plus one root unit (embeddings, final norm, head: torchtitan
     ``apply_fsdp`` shards each block and then the whole model). ``"parameter"``: one per parameter
     tensor of the stage's layers plus the root's (:func:`trainplan.models.params.layer_parameter_tensors`),
     the busiest stage taken to hold the root.
     """
-    return int(gather_units(spec, math.ceil(spec.num_layers / layout.pp), layout.zero3_granularity))
+    return int(gather_units(spec, most_stage_layers(spec, layout), layout.zero3_granularity))
+
+
+def most_stage_layers(spec: ModelSpec, layout: Layout) -> int:
+    """Layers of the pipeline stage that holds the most (``layout.stage_layers``)."""
+    return max(len(st) for st in layout.stage_layers(spec.num_layers))
 
 
 def gather_units(spec: ModelSpec, layers: Int, granularity: str) -> Int:
@@ -1200,9 +1206,7 @@ def step_collectives(
             recompute_full=recipe.recompute == "full",
             recompute_repeats_ring=repeats_attention(recipe.recompute),
             regather_for_recompute=reruns_forward_hooks(recipe.recompute),
-            skipped_reductions=recompute_skipped_tp_reductions(
-                spec, recipe, math.ceil(spec.num_layers / layout.pp)
-            ),
+            skipped_reductions=recompute_skipped_tp_reductions(spec, recipe, most_stage_layers(spec, layout)),
             virtual_stages=layout.virtual_stages,
             weight_bytes=e,
             stored_weight_bytes=BYTES_PER_ELEMENT["nf4"] if recipe.method == "qlora" else e,

@@ -51,7 +51,7 @@ from typing import Literal
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import LayoutError
-from trainplan.layout import Layout
+from trainplan.layout import Layout, stage_layers
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import LoRASpec, Recipe
 from trainplan.sac import block_linears, check_sac
@@ -1006,10 +1006,10 @@ class StageFlops:
 
 
 @functools.lru_cache(maxsize=1024)
-def _distinct_dense_stages(num_layers: int, pp: int, virtual_stages: int, peft: bool) -> tuple[int, ...]:
+def _distinct_dense_stages(stages: tuple[tuple[int, ...], ...], peft: bool) -> tuple[int, ...]:
     """The first, the last, and the first middle stage of each (length, holds layer 0 under PEFT)
     signature: the stages of a dense model that do different work, in order."""
-    stages = stage_layers(num_layers, pp, virtual_stages)
+    pp = len(stages)
     seen: set[tuple[int, bool]] = set()
     out = []
     for r, layers in enumerate(stages):
@@ -1020,26 +1020,6 @@ def _distinct_dense_stages(num_layers: int, pp: int, virtual_stages: int, peft: 
             seen.add(sig)
         out.append(r)
     return tuple(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def stage_layers(num_layers: int, pp: int, virtual_stages: int = 1) -> tuple[tuple[int, ...], ...]:
-    """Layers of each pipeline stage: contiguous chunks, the first ``L mod (pp·v)`` chunks one longer.
-
-    With interleaving (``virtual_stages`` v > 1) stage ``r`` holds chunks ``r, r+pp, r+2pp, …``
-    (Narayanan et al. 2021, Sec. 2.2.2).
-    """
-    chunks = pp * virtual_stages
-    if chunks > num_layers:
-        raise LayoutError("pp", f"pp·virtual_stages = {chunks} chunks exceed {num_layers} layers")
-    base, extra = divmod(num_layers, chunks)
-    bounds = [0]
-    for c in range(chunks):
-        bounds.append(bounds[-1] + base + (1 if c < extra else 0))
-    stages: list[list[int]] = [[] for _ in range(pp)]
-    for c in range(chunks):
-        stages[c % pp].extend(range(bounds[c], bounds[c + 1]))
-    return tuple(tuple(st) for st in stages)
 
 
 def device_flops(
@@ -1078,13 +1058,11 @@ def device_flops(
     split = _Split(tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
     result: list[StageFlops] = []
     cache: dict[object, _LayerPasses] = {} if layer_cache is None else layer_cache
-    stages = stage_layers(spec.num_layers, layout.pp, layout.virtual_stages)
+    stages = layout.stage_layers(spec.num_layers)
     # Dense stages of equal length do the same work (PEFT: the first layer is its own kind).
     by_length: dict[tuple[int, bool], _LayerPasses] = {}
     keep = (
-        _distinct_dense_stages(spec.num_layers, layout.pp, layout.virtual_stages, recipe.is_peft)
-        if distinct and spec.moe is None
-        else range(layout.pp)
+        _distinct_dense_stages(stages, recipe.is_peft) if distinct and spec.moe is None else range(layout.pp)
     )
     for r in keep:
         layers = stages[r]

@@ -409,6 +409,18 @@ LAYOUT_FIELDS: Final = (
         searchable=True,
         help="interleaved pipeline chunks per device",
     ),
+    _switch(
+        "pp_split_embedding",
+        "layout",
+        "the embedding takes one layer's place in the pipeline split: the first chunk holds one layer "
+        "fewer (Megatron-Core account_for_embedding_in_pipeline_split; Llama 3 405B)",
+    ),
+    _switch(
+        "pp_split_head",
+        "layout",
+        "the LM head and loss take one layer's place in the pipeline split: the last chunk holds one "
+        "layer fewer (Megatron-Core account_for_loss_in_pipeline_split; Llama 3 405B)",
+    ),
     *LAYOUT_OPTION_FIELDS,
 )
 
@@ -1430,6 +1442,8 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
         sequence_parallel=sp,
         pp_schedule=values["pp_schedule"],
         virtual_stages=values["virtual_stages"],
+        pp_split_embedding=values.get("pp_split_embedding", False),
+        pp_split_head=values.get("pp_split_head", False),
         **applied,  # type: ignore[arg-type]
     )
     _check_layout_flags_apply(values, layout)

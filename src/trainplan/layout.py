@@ -20,6 +20,15 @@ Engine userbuffers; torchtitan's async tensor parallelism). Needs ``sequence_par
 overlapped collectives are the sequence-parallel ones (Megatron Bridge turns the option off
 without sequence parallelism, ``bridge/training/comm_overlap.py``).
 
+``pp_split_embedding`` / ``pp_split_head``: the input embedding (the final norm, LM head and loss)
+takes the place of one transformer layer in the pipeline split, so the first chunk of the first
+stage (the last chunk of the last stage) holds one layer fewer — Megatron-Core
+``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``
+(megatron/core/transformer/transformer_block.py ``get_num_layers_to_build``), the layout of
+Llama 3 405B: 126 layers on 16 stages with 8 virtual stages, the first and last stage one layer
+fewer, the first chunk only the embedding and the last only the output layer and loss (Llama 3
+paper, Sec. 3.3.2). See :func:`stage_layers`.
+
 ``pp_comm_overlap``: pipeline sends and receives run beside the compute of other micro-batches
 (Megatron-Core ``overlap_p2p_comm``, which Megatron Bridge enables for interleaved schedules) instead
 of blocking the stage.
@@ -31,6 +40,7 @@ Errors show the arithmetic, e.g. ``tp=3 does not divide 32 attention heads``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
@@ -155,6 +165,8 @@ class Layout:
     pp_comm_overlap: bool = False  # pipeline sends overlapped with other micro-batches' compute
     zero3_granularity: Zero3Granularity = "block"  # see ZERO3_GRANULARITIES
     grad_accumulation: GradAccumulation = "fused"  # see GRAD_ACCUMULATIONS
+    pp_split_embedding: bool = False  # the embedding takes one layer's place in the pipeline split
+    pp_split_head: bool = False  # the LM head and loss take one layer's place in the pipeline split
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep"):
@@ -205,6 +217,13 @@ class Layout:
                 f"per-{self.zero3_granularity} gathers describe a ZeRO-3 / FSDP implementation; "
                 f"add --zero 3 (got zero={self.zero})",
             )
+        for name in ("pp_split_embedding", "pp_split_head"):
+            if getattr(self, name) and self.pp == 1:
+                raise LayoutError(
+                    name,
+                    f"{name.replace('_', '-')} places the {'embedding' if 'embedding' in name else 'LM head'} "
+                    "in the pipeline split, which needs pp > 1; add --pp N or drop the flag",
+                )
         if self.pp_comm_overlap and self.pp == 1:
             raise LayoutError("pp_comm_overlap", "pipeline communication overlap needs pp > 1")
         if self.virtual_stages > 1 and self.pp_schedule != "interleaved":
@@ -246,6 +265,8 @@ class Layout:
         pp_comm_overlap: bool = False,
         zero3_granularity: Zero3Granularity = "block",
         grad_accumulation: GradAccumulation = "fused",
+        pp_split_embedding: bool = False,
+        pp_split_head: bool = False,
     ) -> Layout:
         """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
         check_int("devices", devices, high=MAX_DEVICES, error=LayoutError, what="devices")
@@ -273,6 +294,8 @@ class Layout:
             pp_comm_overlap=pp_comm_overlap,
             zero3_granularity=zero3_granularity,
             grad_accumulation=grad_accumulation,
+            pp_split_embedding=pp_split_embedding,
+            pp_split_head=pp_split_head,
         )
 
     @property
@@ -295,13 +318,7 @@ class Layout:
             )
         if self.pp > model.num_layers:
             raise LayoutError("pp", f"pp={self.pp} exceeds the model's {model.num_layers} layers")
-        chunks = self.pp * self.virtual_stages
-        if chunks > model.num_layers:
-            raise LayoutError(
-                "virtual_stages",
-                f"pp·virtual_stages = {self.pp}·{self.virtual_stages} = {chunks} chunks exceed "
-                f"{model.num_layers} layers",
-            )
+        self.stage_layers(model.num_layers)  # raises when the chunks outnumber the layers
         if self.ep > 1:
             if model.moe is None:
                 raise LayoutError(
@@ -345,6 +362,12 @@ class Layout:
             )
         return global_batch // per_step
 
+    def stage_layers(self, num_layers: int) -> tuple[tuple[int, ...], ...]:
+        """The transformer layers of each pipeline stage (:func:`stage_layers`)."""
+        return stage_layers(
+            num_layers, self.pp, self.virtual_stages, self.pp_split_embedding, self.pp_split_head
+        )
+
     def describe(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
         if self.cp > 1:
@@ -362,7 +385,71 @@ class Layout:
             parts.append(self.pp_schedule + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else ""))
             if self.pp_comm_overlap:
                 parts.append("p2p-overlap")
+            if self.pp_split_embedding:
+                parts.append("embedding-in-split")
+            if self.pp_split_head:
+                parts.append("head-in-split")
         return " ".join(parts)
+
+
+@functools.lru_cache(maxsize=1024)
+def stage_layers(
+    num_layers: int,
+    pp: int,
+    virtual_stages: int = 1,
+    split_embedding: bool = False,
+    split_head: bool = False,
+) -> tuple[tuple[int, ...], ...]:
+    """Transformer layers of each pipeline stage — the one assignment that memory, FLOPs, timing
+    and the planner read.
+
+    The model is cut into ``pp·v`` contiguous chunks; chunk ``c`` runs on stage ``c mod pp``, so
+    with interleaving (``virtual_stages`` v > 1) stage ``r`` holds chunks ``r, r+pp, r+2pp, …``
+    (Narayanan et al. 2021, Sec. 2.2.2; Megatron-Core ``get_transformer_layer_offset``). The
+    units split are the L layers, plus one for the embedding before layer 0 when
+    ``split_embedding`` and one for the LM head and loss after the last layer when ``split_head``
+    (Megatron-Core ``account_for_embedding_in_pipeline_split`` /
+    ``account_for_loss_in_pipeline_split``: ``num_layers += 1`` for the split, then the first
+    virtual chunk of the first stage / the last virtual chunk of the last stage builds one layer
+    fewer, megatron/core/transformer/transformer_block.py ``get_num_layers_to_build``). Each
+    chunk takes ``units // (pp·v)`` units and the first ``units mod (pp·v)`` chunks one more
+    (Megatron-Core requires an even split; this rule extends it).
+
+    Llama 3 405B (126 layers, pp = 16, v = 8, both flags): 128 units, one per chunk — the first
+    chunk holds only the embedding, the last only the head, the first and last stage 7 layers and
+    the others 8 (Llama 3 paper, Sec. 3.3.2).
+    """
+    chunks = pp * virtual_stages
+    units = num_layers + int(split_embedding) + int(split_head)
+    if chunks > units:
+        parts = (
+            f"{num_layers} layers"
+            + (" + the embedding" if split_embedding else "")
+            + (" + the head" if split_head else "")
+        )
+        raise LayoutError(
+            "virtual_stages" if virtual_stages > 1 else "pp",
+            f"pp·virtual_stages = {pp}·{virtual_stages} = {chunks} chunks exceed {parts}; use fewer "
+            "stages or chunks"
+            + (
+                ""
+                if split_embedding and split_head
+                else ", or place the embedding "
+                "and the head in the split (--pp-split-embedding, --pp-split-head)"
+            ),
+        )
+    base, extra = divmod(units, chunks)
+    sizes = [base + (1 if c < extra else 0) for c in range(chunks)]
+    if split_embedding:
+        sizes[0] -= 1
+    if split_head:
+        sizes[-1] -= 1
+    stages: list[list[int]] = [[] for _ in range(pp)]
+    start = 0
+    for c, n in enumerate(sizes):
+        stages[c % pp].extend(range(start, start + n))
+        start += n
+    return tuple(tuple(st) for st in stages)
 
 
 DEFAULT_LAYOUT_OPTIONS: Final = LayoutOptions()

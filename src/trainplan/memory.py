@@ -1238,7 +1238,7 @@ def stage_activations(
     """Saved activations (Korthikanti et al. 2022 Table 2, generalised: :func:`layer_activations`)
     of the stage's layers times the in-flight micro-batches (:func:`inflight_microbatches`), the
     first stage's inputs, and the transients that compete for the peak."""
-    layers = stage_layers(model, layout.pp, stage)
+    layers = stage_layers(model, layout, stage)
     inflight = inflight_microbatches(layout, stage, num_microbatches)
     act_terms: dict[str, float] = {}
     largest_layer_full = 0.0
@@ -1353,6 +1353,21 @@ def _stage_breakdown(
     )
 
 
+def candidate_stages(model: ModelSpec, layout: Layout) -> list[int]:
+    """The pipeline stages that can hold the peak: the first (embedding, the most in-flight
+    micro-batches), the last (LM head, logits) and the first stage of each layer count between
+    them (later stages of one count hold fewer micro-batches in flight, Korthikanti 2022 Eq. 5).
+    Under an uneven split (``pp_split_embedding`` / ``pp_split_head``) a middle stage holds more
+    layers than the first or the last."""
+    stages = {0, layout.pp - 1}
+    seen: set[int] = set()
+    for r, layers in enumerate(layout.stage_layers(model.num_layers)):
+        if len(layers) not in seen:
+            seen.add(len(layers))
+            stages.add(r)
+    return sorted(stages)
+
+
 def memory_breakdown(
     model: ModelSpec,
     recipe: Recipe,
@@ -1364,8 +1379,8 @@ def memory_breakdown(
     devices_on_node: int = 1,
     memory_margin: float = DEFAULT_MEMORY_MARGIN,
 ) -> MemoryBreakdown:
-    """Per-device memory of the worst pipeline stage (stage 0 and the last stage are evaluated;
-    stage 0 holds the most in-flight activations, the last stage the logits and LM head).
+    """Per-device memory of the worst pipeline stage (of :func:`candidate_stages`: stage 0 holds the
+    most in-flight activations, the last stage the logits and LM head).
     ``host_capacity_bytes_per_node`` and ``devices_on_node`` check offloaded states against the
     server's CPU memory (:func:`host_fits`)."""
     layout.check_model(model)
@@ -1382,7 +1397,7 @@ def memory_breakdown(
         )
     if recipe.recompute == "sac":
         check_sac(model, layout)
-    stages = sorted({0, layout.pp - 1})
+    stages = candidate_stages(model, layout)
     host = (host_capacity_bytes_per_node, devices_on_node)
     check_memory_margin(memory_margin)
     results = [

@@ -95,12 +95,10 @@ class DeviceParams:
         return self.dense_linear + self.dense_other
 
 
-def stage_layers(model: ModelSpec, pp: int, stage: int) -> tuple[int, ...]:
-    """Contiguous layers of ``stage``; the first ``L mod pp`` stages take one extra layer."""
-    base, extra = divmod(model.num_layers, pp)
-    start = stage * base + min(stage, extra)
-    n = base + (1 if stage < extra else 0)
-    return tuple(range(start, start + n))
+def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> tuple[int, ...]:
+    """The layers of pipeline ``stage``: ``layout.stage_layers`` (:func:`trainplan.layout.stage_layers`,
+    the assignment FLOPs and timing read too)."""
+    return layout.stage_layers(model.num_layers)[stage]
 
 
 def layer_kinds(model: ModelSpec, layers: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -200,7 +198,7 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
     """
     tp, ep, pp = layout.tp, layout.ep, layout.pp
     h, v = model.hidden_size, model.vocab_size
-    layers = stage_layers(model, pp, stage)
+    layers = stage_layers(model, layout, stage)
     kinds = layer_kinds(model, layers)
     dense_linear = expert_linear = other = adapters = 0
     largest = largest_adapters = 0

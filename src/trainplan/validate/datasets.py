@@ -111,6 +111,8 @@ RECIPE_SWITCHES: Final = (
     "pp_comm_overlap",
     "zero3_per_parameter",
     "recompute_early_stop",
+    "pp_split_embedding",
+    "pp_split_head",
 )
 RECIPE_SETTINGS: Final = ("loss_chunks", "lora_rank", "lora_alpha", "lora_targets", "grad_accumulation")
 
@@ -139,6 +141,11 @@ class RecipeFlags:
                                (DeepSpeed ZeRO-3 as of 2021) → ``Layout.zero3_granularity``
         recompute_early_stop   full recompute by PyTorch's non-reentrant checkpoint with early stop
                                (the default of torch.utils.checkpoint) → ``Recipe.recompute_early_stop``
+        pp_split_embedding     the embedding takes one layer's place in the pipeline split
+                               (Megatron-Core ``account_for_embedding_in_pipeline_split``)
+                               → ``Layout.pp_split_embedding``
+        pp_split_head          the LM head and loss take one layer's place in the pipeline split
+                               (``account_for_loss_in_pipeline_split``) → ``Layout.pp_split_head``
         grad_accumulation=G    how the run summed its micro-batches' gradients: fused, autograd
                                or main_grad → ``Layout.grad_accumulation``
 
@@ -154,6 +161,8 @@ class RecipeFlags:
     pp_comm_overlap: bool = False
     zero3_per_parameter: bool = False
     recompute_early_stop: bool = False
+    pp_split_embedding: bool = False
+    pp_split_head: bool = False
     grad_accumulation: str | None = None  # None: not stated (trainplan's default, "fused")
     loss_chunks: int | None = None  # None: not stated (one cross-entropy over all tokens)
     lora_rank: int | None = None
@@ -562,6 +571,8 @@ class _Cells:
             pp_comm_overlap="pp_comm_overlap" in switches,
             zero3_per_parameter="zero3_per_parameter" in switches,
             recompute_early_stop="recompute_early_stop" in switches,
+            pp_split_embedding="pp_split_embedding" in switches,
+            pp_split_head="pp_split_head" in switches,
             loss_chunks=positive_int("loss_chunks"),
             lora_rank=positive_int("lora_rank"),
             lora_alpha=alpha,

@@ -233,6 +233,8 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         pp_comm_overlap=flags.pp_comm_overlap,
         zero3_granularity="parameter" if flags.zero3_per_parameter else "block",
         grad_accumulation=flags.grad_accumulation or "fused",  # type: ignore[arg-type]
+        pp_split_embedding=flags.pp_split_embedding,
+        pp_split_head=flags.pp_split_head,
     )
     system = System(accelerator=get_accelerator(row.hardware), num_devices=row.num_devices)
     return system, model, recipe, layout, tuple(assumptions)
