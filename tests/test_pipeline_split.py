@@ -27,7 +27,7 @@ def test_llama3_405b_layout() -> None:
 
 
 def test_without_the_split_the_chunks_outnumber_the_layers() -> None:
-    with pytest.raises(LayoutError, match="128 chunks exceed 126 layers.*--pp-split-embedding"):
+    with pytest.raises(LayoutError, match=r"128 chunks exceed 126 layers.*--pp-split-embedding"):
         stage_layers(126, 16, 8)
 
 

@@ -51,7 +51,8 @@ from typing import Literal
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import LayoutError
-from trainplan.layout import Layout, stage_layers
+from trainplan.layout import Layout
+from trainplan.layout import stage_layers as stage_layers  # the one stage assignment (re-exported)
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import LoRASpec, Recipe
 from trainplan.sac import block_linears, check_sac

@@ -174,6 +174,7 @@ class MemoryBreakdown:
     memory_margin: float = 0.0  # fraction of capacity kept free: fits means <= usable_bytes
     fsdp_root_bytes: float = 0.0  # c·P_R: the root unit unsharded
     fsdp_block_bytes: float = 0.0  # c·P_L: one block unsharded (QLoRA: NF4 bytes + constants)
+    fsdp_block_backward_bytes: float = 0.0  # B_l: inside one block's backward (block_backward_bytes())
     fsdp_next_block_bytes: float = 0.0  # c·P_L when the stage has a second block to prefetch, else 0
     fsdp_head_grad_bytes: float = 0.0  # c·P_H: the head's unsharded gradient (full training)
     fsdp_block_reduce_bytes: float = 0.0  # r·P_L: one block's reduce-scatter input
@@ -270,6 +271,10 @@ class MemoryBreakdown:
                 ("FSDP prefetched block", self.fsdp_next_block_bytes),
                 ("FSDP block reduce-scatter input", self.fsdp_block_reduce_bytes),
                 ("FSDP reduced block-gradient shard", 0.0 if live else self.fsdp_block_grad_shard_bytes),
+                (
+                    "inside the block's backward (rebuilt set, first weight gradient)",
+                    self.fsdp_block_backward_bytes,
+                ),
             ]
         elif phase == "backward (root)":
             terms += [
@@ -1169,6 +1174,7 @@ def stage_memory_fields(
     recompute_transient: Num,
     last_layer: Num,
     block_input: Num,
+    block_backward: Num = 0.0,
     input_grad: Num,
     zero: Int,
 ) -> dict[str, Num]:
@@ -1180,7 +1186,8 @@ def stage_memory_fields(
       layer (full / sac recompute) and the optimizer step inside the backward;
     * the loss-forward transient (:data:`LOSS_FORWARD_FRACTION` of the loss backward);
     * the stage input's gradient at the end of backward, none under ZeRO-3 (FSDP2 frees it with
-      the root's reduce, traced).
+      the root's reduce, traced);
+    * under ZeRO-3 the working set inside one block's backward (:func:`block_backward_bytes`).
     """
     out: dict[str, Num] = {STATE_FIELD_NAMES[k]: v for k, v in states.items() if k in STATE_FIELD_NAMES}
     out |= {
@@ -1191,6 +1198,7 @@ def stage_memory_fields(
         ),
         "last_layer_activations_bytes": last_layer,
         "block_input_bytes": block_input,
+        "fsdp_block_backward_bytes": where(zero == 3, block_backward, 0.0),
         "input_grad_bytes": where(zero == 3, 0.0, input_grad),
         "loss_forward_bytes": LOSS_FORWARD_FRACTION * logits_transient,
     }
@@ -1220,6 +1228,7 @@ class StageActivations:
     last_layer_bytes: float  # A_l: the last block's saved activations, one micro-batch
     logits_saved_bytes: float  # last stage: saved by the output layer and the loss
     logits_transient_bytes: float  # last stage: the loss backward
+    block_backward_bytes: float = 0.0  # inside one block's backward (block_backward_bytes())
 
     @property
     def total_bytes(self) -> float:
@@ -1230,6 +1239,50 @@ class StageActivations:
 def _without_recompute(recipe: Recipe) -> Recipe:
     """``recipe`` with ``recompute="none"``: what a recomputed layer holds while it reruns."""
     return replace(recipe, recompute="none")
+
+
+def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer: int) -> float:
+    """Bytes that exist only inside one block's backward, at its MLP's activation-function
+    gradient — the peak of a ZeRO-3 (FSDP2) block backward that the traced steps show (entry
+    ``fsdp-block-backward`` of the verify matrix): on top of the saved activations of the
+    other blocks, the gathered blocks and the reduce-scatter buffers of the "backward (blocks)"
+    moment, the block keeps
+
+    * its rebuilt saved set under full recompute: the layer's activations without recompute,
+      less the block input, which the checkpoint already holds (e·b·s·h, /t with sequence
+      parallelism); under sac the working set of :func:`sac_recompute_transient_bytes`, less the
+      block input as well;
+    * the down projection's unsharded weight gradient, c·f·h/t (``MmBackward``: the first
+      weight gradient of the block, alive until FSDP2's post-backward copies the block's
+      gradients into the reduce-scatter input);
+    * the gradient of the down projection's input (e·b·s·f/t), which replaced the saved
+      activation product that the down projection's backward released, and the gradients of
+      the activation function's inputs: two products (gate and up) for a gated MLP
+      (``MulBackward0``), one (``GeluBackward0``) otherwise — (1 + gated)·e·b·s·f/t more.
+
+    Dense full training only (a frozen base has no weight gradient; MoE blocks route tokens to
+    several experts): 0 otherwise. Sources: the order of autograd's backward through
+    ``down(act(gate(x))·up(x))`` (torch/csrc/autograd/generated: ``MmBackward0``,
+    ``MulBackward0``, ``SiluBackward0`` release their saved tensors once run) and FSDP2's
+    post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``:
+    the unsharded gradients live until ``foreach_reduce`` copies them)."""
+    if recipe.is_peft or model.is_moe_layer(layer) or not model.ffn_hidden:
+        return 0.0
+    e = activation_bytes_per_element(recipe)
+    c = BYTES_PER_ELEMENT[recipe.weight_dtype]
+    t = layout.tp
+    tokens = recipe.micro_batch * (recipe.seq_len // layout.cp)
+    f_local = model.ffn_hidden / t
+    rebuilt = 0.0
+    if recipe.recompute == "full":
+        full = layer_activations(model, replace(recipe, recompute="none"), layout, layer).total_bytes
+        rebuilt = full - block_input_bytes(model, recipe, layout)
+    elif recipe.recompute == "sac":
+        rebuilt = sac_recompute_transient_bytes(model, recipe, layout, layer) - block_input_bytes(
+            model, recipe, layout
+        )
+    working = e * tokens * f_local * (2.0 if model.gated else 1.0)
+    return rebuilt + c * f_local * model.hidden_size + working
 
 
 def stage_activations(
@@ -1287,6 +1340,12 @@ def stage_activations(
         last_layer_bytes=layer_activations(model, recipe, layout, layers[-1]).total_bytes if layers else 0.0,
         logits_saved_bytes=logits_saved,
         logits_transient_bytes=logits_transient,
+        block_backward_bytes=max(
+            (block_backward_bytes(model, recipe, layout, i) for i, _ in layer_kinds(model, layers)),
+            default=0.0,
+        )
+        if layout.zero == 3
+        else 0.0,
     )
 
 
@@ -1330,6 +1389,7 @@ def _stage_breakdown(
         logits_transient=acts.logits_transient_bytes,
         recompute_transient=acts.recompute_transient_bytes,
         last_layer=acts.last_layer_bytes,
+        block_backward=acts.block_backward_bytes,
         block_input=block_input_bytes(model, recipe, layout) if dev.layers else 0.0,
         input_grad=input_grad_bytes(model, recipe, layout, stage),
         zero=layout.zero,
