@@ -17,7 +17,7 @@ The peak of a training step is the larger of two phases::
 
     per device = peak + CUDA context + allocator fragmentation      (named overhead terms)
 
-Under ZeRO-3 (FSDP2) eight moments compete instead, each with its unsharded copies and reduce
+Under ZeRO-3 (FSDP2) nine moments compete instead, each with its unsharded copies and reduce
 buffers (:class:`MemoryBreakdown`, docs/memory.md).
 
 Sources: model states — Rajbhandari et al. 2020 (ZeRO), Sec. 3.1 and 5; activations —
@@ -82,6 +82,7 @@ FSDP_PHASES: Final = (
     "forward (loss)",
     "backward start",
     "backward (blocks)",
+    "backward (in a block)",
     "backward (root)",
     "backward end",
     "optimizer step",
@@ -106,7 +107,7 @@ class MemoryBreakdown:
     Under ZeRO-3 (FSDP2 ``fully_shard`` per block, then the root unit = embedding + final norm +
     LM head, ``reshard_after_forward=False`` for the root and the last block, as in
     ``trace/step.py`` ``apply_fsdp``) the unsharded copies and reduce buffers move from moment to
-    moment, and five more moments compete (see :meth:`phase_terms` and docs/memory.md). With
+    moment, and six more moments compete (see :meth:`phase_terms` and docs/memory.md). With
     c = compute bytes per element, r = reduce-scatter bytes, g = sharded-gradient bytes, N = dp·cp,
     P_R = root unit, P_H = final norm + LM head, P_L = largest block, A_l = one block's
     activations, ℓ = 8·b·s·V/t the loss-backward transient:
@@ -121,6 +122,10 @@ class MemoryBreakdown:
       + c·P_R + c·P_H (the head's unsharded gradient waits for the root's reduce-scatter) +
       2·c·P_L (block in use and the prefetched one) + r·P_L (the reduce-scatter input) + g·P_L/N
       (its output shard);
+    * backward (in a block): A − A_l + x + c·P_R + c·P_H + c·P_L + B_l (:func:`block_backward_bytes`)
+      + the larger of A_l + c·P_L (the first block of the backward: every activation alive, the
+      next block prefetched) and c·P_L + r·P_L + g·P_L/N (the block before it: an earlier block
+      prefetched when there is one, the later block's reduce-scatter input and shard);
     * backward (root): gradients − g·P_R/N + c·P_R (the root still unsharded) + c·P_R (its
       unsharded gradients) + r·P_L (the last block's reduce-scatter input: FSDP2 keeps
       ``reduce_scatter_max_input_buffers`` = 1 input in flight until the next group reduces) and,
@@ -175,6 +180,12 @@ class MemoryBreakdown:
     fsdp_root_bytes: float = 0.0  # c·P_R: the root unit unsharded
     fsdp_block_bytes: float = 0.0  # c·P_L: one block unsharded (QLoRA: NF4 bytes + constants)
     fsdp_block_backward_bytes: float = 0.0  # B_l: inside one block's backward (block_backward_bytes())
+    fsdp_inflight_reduce_bytes: float = (
+        0.0  # r·P_L when a later block's reduce-scatter can be in flight (≥ 2 blocks)
+    )
+    fsdp_mid_prefetch_bytes: float = (
+        0.0  # c·P_L when the block before the last has an earlier one (≥ 3 blocks)
+    )
     fsdp_next_block_bytes: float = 0.0  # c·P_L when the stage has a second block to prefetch, else 0
     fsdp_head_grad_bytes: float = 0.0  # c·P_H: the head's unsharded gradient (full training)
     fsdp_block_reduce_bytes: float = 0.0  # r·P_L: one block's reduce-scatter input
@@ -271,6 +282,34 @@ class MemoryBreakdown:
                 ("FSDP prefetched block", self.fsdp_next_block_bytes),
                 ("FSDP block reduce-scatter input", self.fsdp_block_reduce_bytes),
                 ("FSDP reduced block-gradient shard", 0.0 if live else self.fsdp_block_grad_shard_bytes),
+            ]
+        elif phase == "backward (in a block)":
+            # The larger of the first block of the backward (all activations alive, the next
+            # block prefetched, no reduce-scatter yet) and the block before it (its own and the
+            # earlier blocks' activations; the later block's reduce-scatter input in flight and
+            # its output shard; an earlier block prefetched when there is one).
+            first = self.last_layer_activations_bytes + self.fsdp_next_block_bytes
+            later = (
+                self.fsdp_mid_prefetch_bytes
+                + self.fsdp_inflight_reduce_bytes
+                + (0.0 if live else self.fsdp_block_grad_shard_bytes)
+            )
+            terms += [
+                earlier,
+                # (a moment of FSDP2 blocks only: 0 where no block is gathered, as in the
+                # planner's rows without ZeRO-3, which evaluate every moment)
+                (
+                    "gradient of the block output",
+                    where(self.fsdp_block_bytes > 0.0, self.block_input_bytes, 0.0),
+                ),
+                root,
+                ("FSDP LM-head gradient (unsharded)", self.fsdp_head_grad_bytes),
+                block,
+                (
+                    "the first block's activations and the prefetched block, or the later block's "
+                    "reduce-scatter in flight",
+                    maximum(first, later),
+                ),
                 (
                     "inside the block's backward (rebuilt set, first weight gradient)",
                     self.fsdp_block_backward_bytes,
@@ -867,6 +906,8 @@ class _States:
     fsdp_next_block: float = 0.0
     fsdp_head_grad: float = 0.0
     fsdp_block_reduce: float = 0.0
+    fsdp_inflight_reduce: float = 0.0
+    fsdp_mid_prefetch: float = 0.0
     fsdp_block_grad_shard: float = 0.0
     fsdp_root_grad: float = 0.0
     fsdp_root_grad_shard: float = 0.0
@@ -1049,6 +1090,11 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
                 "fsdp_embedding_grad": c * full_embedding,
                 "fsdp_head_grad": c * dev.head_params,
                 "fsdp_block_reduce": r * layer,
+                # inside a block's backward: the later block's reduce-scatter input still in
+                # flight (a stage of ≥ 2 blocks) and, for a block with an earlier one (≥ 3 blocks
+                # for the block before the last), that earlier block prefetched
+                "fsdp_inflight_reduce": r * layer if several else 0.0,
+                "fsdp_mid_prefetch": block if len(dev.layers) >= 3 else 0.0,
                 "fsdp_block_grad_shard": g * layer / g_dense if several else 0.0,
                 "fsdp_root_grad": (c + r) * dev.root_params,
                 "fsdp_root_grad_shard": g * dev.root_params / g_dense,
@@ -1129,6 +1175,8 @@ STATE_FIELD_NAMES: Final = {
     "fsdp_next_block": "fsdp_next_block_bytes",
     "fsdp_head_grad": "fsdp_head_grad_bytes",
     "fsdp_block_reduce": "fsdp_block_reduce_bytes",
+    "fsdp_inflight_reduce": "fsdp_inflight_reduce_bytes",
+    "fsdp_mid_prefetch": "fsdp_mid_prefetch_bytes",
     "fsdp_block_grad_shard": "fsdp_block_grad_shard_bytes",
     "fsdp_root_grad": "fsdp_root_grad_bytes",
     "fsdp_root_grad_shard": "fsdp_root_grad_shard_bytes",
@@ -1243,10 +1291,10 @@ def _without_recompute(recipe: Recipe) -> Recipe:
 
 def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer: int) -> float:
     """Bytes that exist only inside one block's backward, at its MLP's activation-function
-    gradient — the peak of a ZeRO-3 (FSDP2) block backward that the traced steps show (entry
-    ``fsdp-block-backward`` of the verify matrix): on top of the saved activations of the
-    other blocks, the gathered blocks and the reduce-scatter buffers of the "backward (blocks)"
-    moment, the block keeps
+    gradient — the peak of a ZeRO-3 (FSDP2) block backward that the traced steps show (entries
+    62–65 of the verify matrix, docs/verify-matrix.md): on top of the saved activations of the
+    other blocks, the gathered blocks and the reduce-scatter buffers of the "backward (in a
+    block)" moment, the block keeps
 
     * its rebuilt saved set under full recompute: the layer's activations without recompute,
       less the block input, which the checkpoint already holds (e·b·s·h, /t with sequence
@@ -1340,12 +1388,11 @@ def stage_activations(
         last_layer_bytes=layer_activations(model, recipe, layout, layers[-1]).total_bytes if layers else 0.0,
         logits_saved_bytes=logits_saved,
         logits_transient_bytes=logits_transient,
+        # what the block's backward adds; a moment of ZeRO-3 only (stage_memory_fields)
         block_backward_bytes=max(
             (block_backward_bytes(model, recipe, layout, i) for i, _ in layer_kinds(model, layers)),
             default=0.0,
-        )
-        if layout.zero == 3
-        else 0.0,
+        ),
     )
 
 
