@@ -54,7 +54,7 @@ from trainplan.errors import LayoutError
 from trainplan.layout import Layout
 from trainplan.layout import stage_layers as stage_layers  # the one stage assignment (re-exported)
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import LoRASpec, Recipe
+from trainplan.recipe import LoRASpec, Recipe, block_recipe
 from trainplan.sac import block_linears, check_sac
 
 Direction = Literal["forward", "backward"]
@@ -754,24 +754,21 @@ def _layer_passes(
 
 @functools.lru_cache(maxsize=4096)
 def _kind_counts(
-    spec: ModelSpec, layers: tuple[int, ...], peft: bool
-) -> dict[tuple[bool, bool], tuple[int, int]]:
-    """{(MoE?, first layer under PEFT?): (representative layer, count)} over ``layers``.
+    spec: ModelSpec, layers: tuple[int, ...], peft: bool, recompute_every: int = 1
+) -> dict[tuple[bool, bool, bool], tuple[int, int, int]]:
+    """{(MoE?, first layer under PEFT?, recomputed?): (representative layer, its position in the
+    stage, count)} over ``layers``.
 
     The first layer under PEFT is its own kind: its input needs no gradient (see _layer_passes).
+    Under layer-selective checkpointing (``recompute_every`` n > 1) the stage's n-th, 2n-th, …
+    blocks are recomputed and the others are not (:func:`trainplan.recipe.recomputes_block`).
     """
-    counts: dict[tuple[bool, bool], tuple[int, int]] = {}
-    if spec.moe is None and layers:  # dense: one kind, and the first layer under PEFT
-        rest = layers[1:] if peft and layers[0] == 0 else layers
-        if len(rest) < len(layers):
-            counts[(False, True)] = (0, 1)
-        if rest:
-            counts[(False, False)] = (rest[0], len(rest))
-        return counts
-    for i in layers:
-        kind = (spec.is_moe_layer(i), peft and i == 0)
-        first, n = counts.get(kind, (i, 0))
-        counts[kind] = (first, n + 1)
+    counts: dict[tuple[bool, bool, bool], tuple[int, int, int]] = {}
+    dense = spec.moe is None
+    for j, i in enumerate(layers):
+        kind = (False if dense else spec.is_moe_layer(i), peft and i == 0, (j + 1) % recompute_every == 0)
+        first, pos, n = counts.get(kind, (i, j, 0))
+        counts[kind] = (first, pos, n + 1)
     return counts
 
 
@@ -787,16 +784,16 @@ def _sum_layers(
     """Sum of :func:`_layer_passes` over ``layers``: every dense layer costs the same, so does every MoE
     layer; each kind is computed once and multiplied by its count (keeps an estimate well under 1 ms).
     """
-    counts = _kind_counts(spec, tuple(layers), recipe.is_peft)
+    counts = _kind_counts(spec, tuple(layers), recipe.is_peft, recipe.recompute_every)
     cache = {} if cache is None else cache
-    key = tuple(sorted((kind, n) for kind, (_, n) in counts.items()))
+    key = tuple(sorted((kind, n) for kind, (_, _, n) in counts.items()))
     if key in cache:
         return cache[key]
     forward = backward = recompute = PassCost()
     model = dequant = 0.0
-    for kind, (first, n) in counts.items():
+    for kind, (first, pos, n) in counts.items():
         if kind not in cache:
-            cache[kind] = _layer_passes(spec, first, recipe, b, causal, split)
+            cache[kind] = _layer_passes(spec, first, block_recipe(recipe, pos), b, causal, split)
         lp = cache[kind]
         forward += lp.forward.scaled(n)
         backward += lp.backward.scaled(n)
@@ -937,12 +934,19 @@ def step_flops(
     """
     if recipe.recompute == "sac":
         check_sac(spec, layout)
+    whole = layout if layout is not None else Layout()
+    check_layer_selective(recipe, whole)
     sequences = step_sequences(recipe, layout)
     b = float(sequences)
     split = _Split()
-    lp = _sum_layers(spec, range(spec.num_layers), recipe, b, causal, split)
-    forward, backward, recompute = lp.forward, lp.backward, lp.recompute
-    model, dequant = lp.model_flops, lp.dequant_bytes
+    # Layer-selective checkpointing counts blocks per pipeline stage (recipe.recomputes_block).
+    groups = whole.stage_layers(spec.num_layers) if recipe.recompute_every > 1 else (range(spec.num_layers),)
+    forward = backward = recompute = PassCost()
+    model = dequant = 0.0
+    for layers in groups:
+        lp = _sum_layers(spec, layers, recipe, b, causal, split)
+        forward, backward, recompute = forward + lp.forward, backward + lp.backward, recompute + lp.recompute
+        model, dequant = model + lp.model_flops, dequant + lp.dequant_bytes
     hf, hb, hm = _head_passes(spec, recipe, b, split)
     emb = _embedding_bytes(spec, recipe, b, split)
     forward += hf + PassCost(memory_bytes=emb)
@@ -1023,6 +1027,30 @@ def _distinct_dense_stages(stages: tuple[tuple[int, ...], ...], peft: bool) -> t
     return tuple(out)
 
 
+def check_layer_selective(recipe: Recipe, layout: Layout) -> None:
+    """Refuse the layouts under which layer-selective checkpointing (``recompute_every`` > 1) is
+    not modelled: the communication that a recomputed block repeats (the tensor-parallel
+    collectives of its forward, the context-parallel ring, expert all-to-alls, per-parameter
+    ZeRO-3 gathers, streamed weights) is counted for every block of the stage or none."""
+    if recipe.recompute_every == 1:
+        return
+    blocked = [
+        (layout.tp > 1, "tensor parallelism (--tp 1)"),
+        (layout.cp > 1, "context parallelism (--cp 1)"),
+        (layout.ep > 1, "expert parallelism (--ep 1)"),
+        (layout.zero3_granularity == "parameter", "per-parameter ZeRO-3 gathers (--zero3-granularity block)"),
+        (recipe.offload == "optimizer+params", "streamed parameters (--offload optimizer or none)"),
+    ]
+    for bad, fix in blocked:
+        if bad:
+            raise LayoutError(
+                "recompute_every",
+                f"--recompute-every {recipe.recompute_every} with {fix.split(' (')[0]}: the collectives a "
+                "recomputed block repeats are counted for all blocks or none, so checkpointing every "
+                f"n-th block is not modelled there; use {fix.split(' (')[1][:-1]}, or --recompute-every 1",
+            )
+
+
 def device_flops(
     spec: ModelSpec,
     recipe: Recipe,
@@ -1047,6 +1075,7 @@ def device_flops(
     """
     if recipe.recompute == "sac":
         check_sac(spec, layout)
+    check_layer_selective(recipe, layout)
     sequences = step_sequences(recipe, layout)
     per_step = layout.dp * recipe.micro_batch
     if sequences % per_step != 0:

@@ -501,6 +501,16 @@ RECIPE_FIELDS: Final = (
         "Accelerate), deepspeed (DeepSpeed ZeRO on transformers modules: OpenRLHF, DeepSpeed-Chat), "
         "maxtext (JAX/XLA: MaxText on TPU) or neuron (AWS Neuron SDK on Trainium) (default: the engine's)",
     ),
+    Field(
+        name="recompute_every",
+        group="recipe",
+        type=int,
+        positive=True,
+        default=_default(Recipe, "recompute_every"),
+        metavar="N",
+        help="with --recompute full, checkpoint only every N-th block of each pipeline stage, the others "
+        "keeping all activations (torchtitan selective_ac_option = N; default 1, every block)",
+    ),
     _engine_switch(
         "recompute_early_stop",
         "recipe",
@@ -1347,6 +1357,7 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         optimizer_in_backward=values.get("optimizer_in_backward", False),
         paged_optimizer=values.get("paged_optimizer", False),
         recompute_early_stop=bool(applied.values["recompute_early_stop"]),
+        recompute_every=values.get("recompute_every") or 1,
         stack=applied.values["stack"],  # type: ignore[arg-type]
     )
 

@@ -38,10 +38,11 @@ from typing import Any, Final, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import RecipeError, TrainplanError
+from trainplan.flops import check_layer_selective
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
-from trainplan.recipe import LORA_TARGETS, Recipe
+from trainplan.recipe import LORA_TARGETS, Recipe, block_recipe
 from trainplan.sac import block_linears, check_sac
 from trainplan.sharding import DeviceParams, Linear, device_params, layer_kinds, stage_layers
 from trainplan.units import GiB, fmt_bytes
@@ -179,7 +180,10 @@ class MemoryBreakdown:
     memory_margin: float = 0.0  # fraction of capacity kept free: fits means <= usable_bytes
     fsdp_root_bytes: float = 0.0  # c·P_R: the root unit unsharded
     fsdp_block_bytes: float = 0.0  # c·P_L: one block unsharded (QLoRA: NF4 bytes + constants)
-    fsdp_block_backward_bytes: float = 0.0  # B_l: inside one block's backward (block_backward_bytes())
+    fsdp_block_backward_bytes: float = 0.0  # B_l: inside the last block's backward (block_backward_bytes())
+    fsdp_block_backward_later_bytes: float = (
+        0.0  # the same for a block before it, less the activations freed since
+    )
     fsdp_inflight_reduce_bytes: float = (
         0.0  # r·P_L when a later block's reduce-scatter can be in flight (≥ 2 blocks)
     )
@@ -285,14 +289,19 @@ class MemoryBreakdown:
             ]
         elif phase == "backward (in a block)":
             # The larger of the first block of the backward (all activations alive, the next
-            # block prefetched, no reduce-scatter yet) and the block before it (its own and the
+            # block prefetched, no reduce-scatter yet) and a block before it (its own and the
             # earlier blocks' activations; the later block's reduce-scatter input in flight and
             # its output shard; an earlier block prefetched when there is one).
-            first = self.last_layer_activations_bytes + self.fsdp_next_block_bytes
+            first = (
+                self.last_layer_activations_bytes
+                + self.fsdp_next_block_bytes
+                + self.fsdp_block_backward_bytes
+            )
             later = (
                 self.fsdp_mid_prefetch_bytes
                 + self.fsdp_inflight_reduce_bytes
                 + (0.0 if live else self.fsdp_block_grad_shard_bytes)
+                + self.fsdp_block_backward_later_bytes
             )
             terms += [
                 earlier,
@@ -306,13 +315,10 @@ class MemoryBreakdown:
                 ("FSDP LM-head gradient (unsharded)", self.fsdp_head_grad_bytes),
                 block,
                 (
-                    "the first block's activations and the prefetched block, or the later block's "
-                    "reduce-scatter in flight",
+                    "inside the block's backward (rebuilt set, first weight gradient) with the first "
+                    "block's activations and the prefetched block, or the later block's reduce-scatter "
+                    "in flight",
                     maximum(first, later),
-                ),
-                (
-                    "inside the block's backward (rebuilt set, first weight gradient)",
-                    self.fsdp_block_backward_bytes,
                 ),
             ]
         elif phase == "backward (root)":
@@ -716,7 +722,9 @@ def sac_recompute_transient_bytes(model: ModelSpec, recipe: Recipe, layout: Layo
     output (e·b·s·h) is never consumed and stays alive with the checkpoint until the block's
     backward is over (traced). Not with a post-MLP norm (Gemma 2), whose saved input is that output.
     """
-    none = layer_activations(model, replace(recipe, recompute="none"), layout, layer).total_bytes
+    none = layer_activations(
+        model, replace(recipe, recompute="none", recompute_every=1), layout, layer
+    ).total_bytes
     kept = sac_layer_terms(model, recipe, layout, layer)
     transient = none - (sum(kept.values()) - kept["layer_input"])
     down = block_linears(model)[-1]
@@ -1223,6 +1231,7 @@ def stage_memory_fields(
     last_layer: Num,
     block_input: Num,
     block_backward: Num = 0.0,
+    block_backward_later: Num = 0.0,
     input_grad: Num,
     zero: Int,
 ) -> dict[str, Num]:
@@ -1247,6 +1256,7 @@ def stage_memory_fields(
         "last_layer_activations_bytes": last_layer,
         "block_input_bytes": block_input,
         "fsdp_block_backward_bytes": where(zero == 3, block_backward, 0.0),
+        "fsdp_block_backward_later_bytes": where(zero == 3, block_backward_later, 0.0),
         "input_grad_bytes": where(zero == 3, 0.0, input_grad),
         "loss_forward_bytes": LOSS_FORWARD_FRACTION * logits_transient,
     }
@@ -1276,7 +1286,8 @@ class StageActivations:
     last_layer_bytes: float  # A_l: the last block's saved activations, one micro-batch
     logits_saved_bytes: float  # last stage: saved by the output layer and the loss
     logits_transient_bytes: float  # last stage: the loss backward
-    block_backward_bytes: float = 0.0  # inside one block's backward (block_backward_bytes())
+    block_backward_bytes: float = 0.0  # inside the last block's backward (block_backward_bytes())
+    block_backward_later_bytes: float = 0.0  # the same for the blocks before it (_block_backward_pair)
 
     @property
     def total_bytes(self) -> float:
@@ -1286,7 +1297,7 @@ class StageActivations:
 @functools.lru_cache(maxsize=256)
 def _without_recompute(recipe: Recipe) -> Recipe:
     """``recipe`` with ``recompute="none"``: what a recomputed layer holds while it reruns."""
-    return replace(recipe, recompute="none")
+    return replace(recipe, recompute="none", recompute_every=1)
 
 
 def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer: int) -> float:
@@ -1323,7 +1334,9 @@ def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer
     f_local = model.ffn_hidden / t
     rebuilt = 0.0
     if recipe.recompute == "full":
-        full = layer_activations(model, replace(recipe, recompute="none"), layout, layer).total_bytes
+        full = layer_activations(
+            model, replace(recipe, recompute="none", recompute_every=1), layout, layer
+        ).total_bytes
         rebuilt = full - block_input_bytes(model, recipe, layout)
     elif recipe.recompute == "sac":
         rebuilt = sac_recompute_transient_bytes(model, recipe, layout, layer) - block_input_bytes(
@@ -1331,6 +1344,56 @@ def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer
         )
     working = e * tokens * f_local * (2.0 if model.gated else 1.0)
     return rebuilt + c * f_local * model.hidden_size + working
+
+
+def block_kinds(model: ModelSpec, recipe: Recipe, layers: tuple[int, ...]) -> list[tuple[int, int, Recipe]]:
+    """(representative layer, count, the recipe its blocks run under) for each kind of block
+    among a stage's ``layers``: dense or MoE (:func:`trainplan.sharding.layer_kinds`), and under
+    layer-selective checkpointing recomputed or not (:func:`trainplan.recipe.block_recipe`)."""
+    if recipe.recompute_every == 1:
+        return [(i, n, recipe) for i, n in layer_kinds(model, layers)]
+    groups: dict[tuple[bool, bool], tuple[int, int, Recipe]] = {}
+    for j, i in enumerate(layers):
+        rb = block_recipe(recipe, j)
+        key = (model.is_moe_layer(i), rb is recipe)
+        first, n, _ = groups.get(key, (i, 0, rb))
+        groups[key] = (first, n + 1, rb)
+    return list(groups.values())
+
+
+def _block_backward_pair(
+    model: ModelSpec, recipe: Recipe, layout: Layout, layers: tuple[int, ...]
+) -> tuple[float, float]:
+    """(B of the stage's last block — the first of the backward —, the largest of B_i less the
+    activations of the blocks between block i and the last, over the blocks before the last):
+    what the two variants of the "backward (in a block)" moment add to the activations alive
+    there (:func:`block_backward_bytes`; the blocks after block i have freed theirs). Equal
+    blocks give (B, B)."""
+    if not layers:
+        return 0.0, 0.0
+    cache: dict[tuple[bool, bool], tuple[float, float]] = {}
+
+    def at(j: int) -> tuple[float, float]:
+        i = layers[j]
+        rb = block_recipe(recipe, j)
+        key = (model.is_moe_layer(i), rb is recipe)
+        if key not in cache:
+            cache[key] = (
+                layer_activations(model, rb, layout, i).total_bytes,
+                block_backward_bytes(model, rb, layout, i),
+            )
+        return cache[key]
+
+    n = len(layers)
+    first = at(n - 1)[1]
+    later, freed = 0.0, 0.0
+    for j in range(n - 2, -1, -1):
+        a_j, b_j = at(j)
+        later = b_j - freed if j == n - 2 else max(later, b_j - freed)
+        freed += a_j
+        if recipe.recompute_every == 1 and model.moe is None:
+            break  # equal blocks: the block before the last holds the most
+    return first, later
 
 
 def stage_activations(
@@ -1344,17 +1407,16 @@ def stage_activations(
     act_terms: dict[str, float] = {}
     largest_layer_full = 0.0
     fixed = 0.0  # bytes that do not grow with the in-flight micro-batches
-    for i, n_layers in layer_kinds(model, layers):
-        la = layer_activations(model, recipe, layout, i)
+    kinds = block_kinds(model, recipe, layers)
+    for i, n_layers, rb in kinds:
+        la = layer_activations(model, rb, layout, i)
         for k, v in la.terms.items():
             act_terms[k] = act_terms.get(k, 0.0) + v * inflight * n_layers
-        if recipe.recompute == "full":
-            full = layer_activations(model, _without_recompute(recipe), layout, i)
+        if rb.recompute == "full":
+            full = layer_activations(model, _without_recompute(rb), layout, i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)
-        elif recipe.recompute == "sac":
-            largest_layer_full = max(
-                largest_layer_full, sac_recompute_transient_bytes(model, recipe, layout, i)
-            )
+        elif rb.recompute == "sac":
+            largest_layer_full = max(largest_layer_full, sac_recompute_transient_bytes(model, rb, layout, i))
     if stage == 0:
         # int64 token ids of every in-flight micro-batch, and the RoPE cos/sin tables (s × d each,
         # shared by all layers and micro-batches). The embedding output is layer 0's norm input.
@@ -1369,11 +1431,12 @@ def stage_activations(
         elif model.position == "learned" and not recipe.is_peft:
             inputs += inflight * 8.0 * s_local
         act_terms["inputs"] = inputs
-        if recipe.is_peft and recipe.recompute != "full" and layers:
+        first_recipe = block_recipe(recipe, 0)
+        if recipe.is_peft and first_recipe.recompute != "full" and layers:
             # Frozen embedding and frozen first norm: nothing upstream of layer 0's attention norm
             # needs a gradient, so that norm (autograd records no node) saves neither its input
             # (the embedding output) nor its statistics (traced).
-            first = layer_activations(model, recipe, layout, layers[0]).terms
+            first = layer_activations(model, first_recipe, layout, layers[0]).terms
             stats = first["norm_stats"] / (2 * (2 if model.post_norms else 1))
             # Taken out of the terms that counted them for every layer: no term is negative.
             act_terms["attn_norm_input"] -= inflight * first["attn_norm_input"]
@@ -1385,13 +1448,20 @@ def stage_activations(
         terms=act_terms,
         per_microbatch_bytes=(sum(act_terms.values()) - fixed) / inflight,
         recompute_transient_bytes=largest_layer_full,
-        last_layer_bytes=layer_activations(model, recipe, layout, layers[-1]).total_bytes if layers else 0.0,
+        last_layer_bytes=layer_activations(
+            model, block_recipe(recipe, len(layers) - 1), layout, layers[-1]
+        ).total_bytes
+        if layers
+        else 0.0,
         logits_saved_bytes=logits_saved,
         logits_transient_bytes=logits_transient,
         # what the block's backward adds; a moment of ZeRO-3 only (stage_memory_fields)
-        block_backward_bytes=max(
-            (block_backward_bytes(model, recipe, layout, i) for i, _ in layer_kinds(model, layers)),
-            default=0.0,
+        **dict(
+            zip(
+                ("block_backward_bytes", "block_backward_later_bytes"),
+                _block_backward_pair(model, recipe, layout, layers),
+                strict=True,
+            )
         ),
     )
 
@@ -1437,6 +1507,7 @@ def _stage_breakdown(
         recompute_transient=acts.recompute_transient_bytes,
         last_layer=acts.last_layer_bytes,
         block_backward=acts.block_backward_bytes,
+        block_backward_later=acts.block_backward_later_bytes,
         block_input=block_input_bytes(model, recipe, layout) if dev.layers else 0.0,
         input_grad=input_grad_bytes(model, recipe, layout, stage),
         zero=layout.zero,
@@ -1504,6 +1575,7 @@ def memory_breakdown(
         )
     if recipe.recompute == "sac":
         check_sac(model, layout)
+    check_layer_selective(recipe, layout)
     stages = candidate_stages(model, layout)
     host = (host_capacity_bytes_per_node, devices_on_node)
     check_memory_margin(memory_margin)

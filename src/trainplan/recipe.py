@@ -18,7 +18,8 @@ FP32 optimizer; only GEMM inputs are cast), so they save time, not model-state m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final, Literal, get_args
 
 from trainplan.errors import RecipeError
@@ -106,6 +107,27 @@ def reruns_forward_hooks(recompute: str) -> bool:
     the modules' forward. Per-parameter ZeRO-3 gathers run again; ZeRO-Infinity streams the
     weights in a third time."""
     return recompute in ("full", "sac")
+
+
+def recomputes_block(recipe: Recipe, position: int) -> bool:
+    """Whether the block at 0-based ``position`` among its pipeline stage's blocks is recomputed:
+    every block under ``recompute`` other than "none", every ``recompute_every``-th one
+    (positions n−1, 2n−1, …) under layer-selective checkpointing (torchtitan ``_apply_layer_sac``
+    wraps the block when its 1-based count is a multiple of n)."""
+    return recipe.recompute != "none" and (position + 1) % recipe.recompute_every == 0
+
+
+def block_recipe(recipe: Recipe, position: int) -> Recipe:
+    """The recipe one block runs under: ``recipe`` itself, or — a block that layer-selective
+    checkpointing leaves out (:func:`recomputes_block`) — the recipe without recompute."""
+    if recipe.recompute_every == 1 or recomputes_block(recipe, position):
+        return recipe
+    return _without_recompute(recipe)
+
+
+@functools.lru_cache(maxsize=256)
+def _without_recompute(recipe: Recipe) -> Recipe:
+    return replace(recipe, recompute="none", recompute_every=1)
 
 
 def repeats_attention(recompute: str) -> bool:
@@ -229,6 +251,14 @@ class Recipe:
     Accepted with every ``recompute`` value (it describes the checkpointing engine, which a plan
     keeps while it varies ``recompute``). It changes the full-recompute hardware FLOPs and
     memory-bound bytes, hence step time and HFU, never model FLOPs (MFU)."""
+    recompute_every: int = 1
+    """With ``recompute="full"``: checkpoint only every n-th block of each pipeline stage, the
+    others keeping every activation — torchtitan's layer-selective activation checkpointing
+    (``[activation_checkpoint] mode = "selective"``, ``selective_ac_option = "n"``;
+    torchtitan/distributed/activation_checkpoint.py ``_apply_layer_sac``: a counter over the
+    blocks wrapped in the process, the block wrapped when ``count % n == 0``, so the n-th,
+    2n-th, … blocks of a stage, 1-based). 1 = every block (plain full recompute). See
+    :func:`recomputes_block`."""
     stack: Stack = "megatron"
     """The training software (``STACKS``): its calibrated κ is what the compute terms are divided
     by; each stack's κ is fitted on its own calibration split (``validate/calibrate.py``)."""
@@ -285,6 +315,18 @@ class Recipe:
                 "recompute_early_stop",
                 f"must be true or false, got {self.recompute_early_stop!r} "
                 "(--recompute-early-stop: PyTorch non-reentrant checkpoint with early stop)",
+            )
+        if (
+            not isinstance(self.recompute_every, int)
+            or isinstance(self.recompute_every, bool)
+            or (self.recompute_every <= 0)
+        ):
+            raise RecipeError("recompute_every", f"must be a positive integer, got {self.recompute_every!r}")
+        if self.recompute_every > 1 and self.recompute != "full":
+            raise RecipeError(
+                "recompute_every",
+                f"--recompute-every {self.recompute_every} checkpoints every n-th block in full "
+                f"(torchtitan selective_ac_option = n); it needs --recompute full, got {self.recompute!r}",
             )
         if self.recompute == "sac":
             self._check_sac()

@@ -79,6 +79,13 @@ def build_config(
 ) -> tuple[dict[str, object], PlanFacts, tuple[str, ...]]:
     facts = plan_facts(system, model, recipe, layout)
     warnings: list[str] = []
+    if recipe.recompute_every > 1:
+        raise unsupported(
+            TARGET,
+            "recompute_every",
+            f"checkpointing one block in {recipe.recompute_every} (its checkpointing wraps every layer)",
+            "export to torchtitan (selective_ac_option), or plan with --recompute-every 1",
+        )
     if layout.pp > 1:
         raise unsupported(
             TARGET,

@@ -332,10 +332,28 @@ def build_config(
                     "(no pipeline_parallel_layers_per_stage gives that many)",
                     "choose another --virtual-stages",
                 )
+            if (layout.pp_split_embedding or layout.pp_split_head) and (
+                int(layout.pp_split_embedding),
+                int(layout.pp_split_head),
+            ) != (lps[1], lps[1]):
+                raise unsupported(
+                    TARGET,
+                    "pp_split_embedding",
+                    f"{layout.pp}·{layout.virtual_stages} stages of {model.num_layers} layers with the "
+                    "embedding / head in the split as given (pipeline_parallel_layers_per_stage fixes "
+                    "the first and last stage's weights together)",
+                    "give both --pp-split-embedding and --pp-split-head, or neither",
+                )
             parallelism["pipeline_parallel_layers_per_stage"] = lps[0]
             if lps[1] != 1:
                 parallelism["pipeline_parallel_first_stage_less_layers"] = lps[1]
                 parallelism["pipeline_parallel_last_stage_less_layers"] = lps[1]
+        elif layout.pp_split_embedding or layout.pp_split_head:
+            # torchtitan's pipeline_llm counts the embedding and the output as input_weight /
+            # output_weight layers of the split (distributed/pipeline_parallel.py
+            # generate_llm_fqn_per_model_part), the rule of layout.stage_layers
+            parallelism["pipeline_parallel_first_stage_less_layers"] = int(layout.pp_split_embedding)
+            parallelism["pipeline_parallel_last_stage_less_layers"] = int(layout.pp_split_head)
     else:
         training["local_batch_size"] = recipe.micro_batch
 
@@ -390,6 +408,10 @@ def build_config(
     if recipe.recompute in ("full", "sac"):
         # _apply_full_ac and _apply_op_sac both pass it to torch.utils.checkpoint
         config["activation_checkpoint"]["early_stop"] = recipe.recompute_early_stop
+    if recipe.recompute_every > 1:
+        # torchtitan/distributed/activation_checkpoint.py::_apply_layer_sac: every n-th block
+        config["activation_checkpoint"]["mode"] = "selective"
+        config["activation_checkpoint"]["selective_ac_option"] = str(recipe.recompute_every)
     if recipe.recompute == "sac":
         # torchtitan/distributed/activation_checkpoint.py::_apply_op_sac with the Llama 3 save list
         # (torchtitan/models/llama3/infra/parallelize.py::_op_sac_save_list): what "sac" counts

@@ -914,7 +914,7 @@ class BulkEvaluator:
         # recompute and precision; the schedule only through the in-flight count; not ep, dp,
         # ZeRO or offload. Each distinct call is made once: keyed by those inputs.
         a_of_core, a_first = keyed((0, 1, 2, 4, 5, 6, 8, 9, 10))
-        a_tab = np.zeros((len(a_first), 2, 8))
+        a_tab = np.zeros((len(a_first), 2, 9))
         recipes: dict[tuple[int, ...], Recipe] = {}
         ones: dict[tuple[int, ...], StageActivations] = {}
         for j, c in enumerate(a_first):
@@ -942,10 +942,11 @@ class BulkEvaluator:
                     one.logits_transient_bytes,
                     one.last_layer_bytes,
                     one.block_backward_bytes,
+                    one.block_backward_later_bytes,
                 )
         acts = a_tab[a_of_core]
-        act1, act_slope, held, logits, transient, loss_t_tab, last_layer, block_backward = (
-            np.ascontiguousarray(acts[:, :, q]) for q in range(8)
+        act1, act_slope, held, logits, transient, loss_t_tab, last_layer, block_backward, block_later = (
+            np.ascontiguousarray(acts[:, :, q]) for q in range(9)
         )
         # per (core, ZeRO stage) = core·4 + zero: its row of the state table
         cz = (s_of_core[:, None] * 4 + np.arange(4)).reshape(-1)
@@ -971,6 +972,7 @@ class BulkEvaluator:
         self._transient = transient
         self._last_layer = last_layer
         self._block_backward = block_backward
+        self._block_backward_later = block_later
         columns = {"tp": 0, "pp": 1, "cp": 2, "ep": 3, "micro_batch": 5, "virtual_stages": 10}
         self._c_int = {name: np.ascontiguousarray(tab[:, j]) for name, j in columns.items()}
         # Compute keys: the work of a micro-batch does not depend on offload or on the schedule
@@ -1418,6 +1420,7 @@ class BulkEvaluator:
                 recompute_transient=self._transient[core, k],
                 last_layer=self._last_layer[core, k],
                 block_backward=self._block_backward[core, k],
+                block_backward_later=self._block_backward_later[core, k],
                 block_input=io[core, 0],
                 input_grad=io[core, 1 + k],
                 zero=zero,

@@ -74,6 +74,13 @@ def _prices(values: Mapping[str, Any], accs: list[Accelerator]) -> dict[str, flo
 def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, SearchSpace]:
     """The fixed recipe and the search space the fields describe: a searchable field left open
     (``None``) is searched, the recipe holds its estimate default meanwhile."""
+    if (values.get("recompute_every") or 1) > 1:
+        raise TrainplanError(
+            "recompute_every",
+            "plan and compare search recompute modes that apply to every block (none, selective, full, "
+            "sac); size layer-selective checkpointing with `trainplan estimate --recompute full "
+            f"--recompute-every {values['recompute_every']}`",
+        )
     recipe = build_recipe(fill_defaults(values, RECIPE_FIELDS))
     if values["precision"] is not None:
         precisions: tuple[str, ...] = (values["precision"],)

@@ -125,6 +125,11 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise RecipeError(
             "recompute", "run checkpoints whole blocks or per op: use --recompute none, full or sac"
         )
+    if recipe.recompute_every > 1:
+        raise RecipeError(
+            "recompute_every",
+            "run checkpoints every block or none: use --recompute-every 1 (size every n-th block with estimate)",
+        )
     if recipe.recompute == "sac":
         check_sac(model, layout)
     if recipe.attention != "flash":

@@ -140,6 +140,15 @@ def matrix() -> list[MatrixEntry]:
         E("llama-2-70b", _r(seq_len=4096, recompute="full", recompute_early_stop=True), fsdp64, 3),
         E("llama-2-70b", _r(seq_len=4096, recompute="sac"), fsdp64, 3),
     ]
+    # Layer-selective checkpointing (torchtitan selective_ac_option = "2": every second block),
+    # without and with FSDP2, with and without early stop.
+    every2 = {"recompute": "full", "recompute_every": 2}
+    out += [
+        E("llama-3-8b", _r(micro_batch=2, recompute_early_stop=True, **every2), Layout(), 4),
+        E("gpt2", _r(micro_batch=4, **every2), Layout(), 5),
+        E("llama-2-70b", _r(seq_len=4096, recompute_early_stop=True, **every2), fsdp64, 4),
+        E("llama-2-70b", _r(seq_len=4096, **every2), fsdp64, 5),
+    ]
     return out
 
 

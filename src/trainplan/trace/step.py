@@ -281,8 +281,10 @@ def _unwrap(block: nn.Module) -> Block:
     return inner
 
 
-def apply_checkpointing(model: ReferenceLM, *, early_stop: bool) -> None:
-    """Full activation checkpointing of every block (non-reentrant ``checkpoint_wrapper``).
+def apply_checkpointing(model: ReferenceLM, *, early_stop: bool, every: int = 1) -> None:
+    """Full activation checkpointing of every block (non-reentrant ``checkpoint_wrapper``), or
+    of every ``every``-th one (``Recipe.recompute_every``: torchtitan's ``_apply_layer_sac``
+    wraps block k, 1-based, when ``k % every == 0``).
 
     ``early_stop`` (``Recipe.recompute_early_stop``) is PyTorch's default: the recomputation
     stops once every tensor the block saved has been saved again. ``False`` recomputes the whole
@@ -299,7 +301,8 @@ def apply_checkpointing(model: ReferenceLM, *, early_stop: bool) -> None:
             return checkpoint(function, *args, use_reentrant=False, **kwargs)
 
     for i, block in enumerate(model.layers):
-        model.layers[i] = checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn, preserve_rng_state=False)
+        if (i + 1) % every == 0:
+            model.layers[i] = checkpoint_wrapper(block, checkpoint_fn=checkpoint_fn, preserve_rng_state=False)
 
 
 def sac_save_ops() -> frozenset[Any]:
@@ -540,7 +543,7 @@ def trace_step(model: ModelSpec, recipe: Recipe, layout: Layout, *, depth: int |
         apply_tp(net, mesh["tp"], sequence_parallel=layout.sequence_parallel)
     sac_sink: list[Any] = []  # the tracker, once it exists: it counts what the policy keeps
     if recipe.recompute == "full":
-        apply_checkpointing(net, early_stop=recipe.recompute_early_stop)
+        apply_checkpointing(net, early_stop=recipe.recompute_early_stop, every=recipe.recompute_every)
     elif recipe.recompute == "sac":
         apply_sac(
             net,

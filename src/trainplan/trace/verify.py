@@ -180,7 +180,8 @@ def describe(recipe: Recipe, layout: Layout) -> str:
     parts = [recipe.method, recipe.precision, f"b={recipe.micro_batch}", f"s={recipe.seq_len}"]
     if recipe.recompute != "none":
         early = " early-stop" if recipe.recompute in ("full", "sac") and recipe.recompute_early_stop else ""
-        parts.append(f"recompute={recipe.recompute}{early}")
+        every = f" every={recipe.recompute_every}" if recipe.recompute_every > 1 else ""
+        parts.append(f"recompute={recipe.recompute}{every}{early}")
     if not recipe.master_weights:
         parts.append("pure16")
     if recipe.lora is not None and recipe.method == "qlora" and not recipe.lora.double_quant:
