@@ -178,6 +178,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "tokens": recipe.tokens,
         "recompute": recipe.recompute,
         "recompute_early_stop": recipe.recompute_early_stop,
+        "recompute_every": recipe.recompute_every,
         "stack": recipe.stack,
         "attention": recipe.attention,
         "offload": recipe.offload,
@@ -213,6 +214,8 @@ def layout_to_dict(layout: Layout) -> dict[str, object]:
         "pp_comm_overlap": layout.pp_comm_overlap,
         "zero3_granularity": layout.zero3_granularity,
         "grad_accumulation": layout.grad_accumulation,
+        "pp_split_embedding": layout.pp_split_embedding,
+        "pp_split_head": layout.pp_split_head,
     }
 
 
