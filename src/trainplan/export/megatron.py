@@ -68,6 +68,14 @@ def _check_recipe(recipe: Recipe) -> None:
             "torchtitan's per-op selective checkpointing (its selective recompute is the attention core)",
             "plan with --recompute selective or full",
         )
+    if recipe.recompute_every > 1:
+        raise unsupported(
+            TARGET,
+            "recompute_every",
+            f"checkpointing one block in {recipe.recompute_every} (--recompute-method block recomputes the "
+            "first N layers of each stage, uniform every layer)",
+            "export to torchtitan (selective_ac_option), or plan with --recompute-every 1",
+        )
     if recipe.recompute_early_stop and recipe.recompute == "full":
         raise unsupported(
             TARGET,
@@ -167,12 +175,30 @@ def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
         raise unsupported(
             TARGET, "pp_schedule", "a zero-bubble schedule", "plan with --pp-schedule 1f1b or interleaved"
         )
+    # The embedding / the loss as a layer of the split (layout.stage_layers): Megatron-Core's
+    # account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split, which split
+    # num_layers + 1 (+ 1) units evenly (transformer_block.py get_num_layers_to_build).
+    units = model.num_layers + int(layout.pp_split_embedding) + int(layout.pp_split_head)
+    if layout.pp_split_embedding:
+        args.append("--account-for-embedding-in-pipeline-split")
+    if layout.pp_split_head:
+        args.append("--account-for-loss-in-pipeline-split")
+    if (layout.pp_split_embedding or layout.pp_split_head) and units % layout.pp:
+        raise unsupported(
+            TARGET,
+            "pp_split_embedding",
+            f"{units} layers with the embedding / head in the split on {layout.pp} stages (it asserts an "
+            "even split)",
+            "choose a --pp that divides them",
+        )
     if layout.pp_schedule == "interleaved":
-        if model.num_layers % (layout.pp * layout.virtual_stages):
+        if units % (layout.pp * layout.virtual_stages):
             raise unsupported(
                 TARGET,
                 "virtual_stages",
-                f"{layout.pp}·{layout.virtual_stages} chunks of unequal size ({model.num_layers} layers)",
+                f"{layout.pp}·{layout.virtual_stages} chunks of unequal size ({units} layers"
+                + (" with the embedding / head in the split" if units != model.num_layers else "")
+                + ")",
                 "choose a --virtual-stages that divides the layers per stage",
             )
         args += ["--num-virtual-stages-per-pipeline-rank", str(layout.virtual_stages)]

@@ -71,7 +71,17 @@ def layout_from_dict(d: Mapping[str, Any]) -> Layout:
     """The :class:`Layout` a ``layout`` JSON object describes (validated as any layout)."""
     from dataclasses import fields
 
-    return Layout(**{f.name: _field(d, f.name, "the plan's layout") for f in fields(Layout)})
+    # The pipeline-split flags are newer than some saved plans; absent, the plan split evenly.
+    optional = {"pp_split_embedding", "pp_split_head"}
+    return Layout(
+        **{
+            f.name: d[f.name]
+            if f.name in optional and f.name in d
+            else _field(d, f.name, "the plan's layout")
+            for f in fields(Layout)
+            if f.name not in optional or f.name in d
+        }
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
