@@ -65,3 +65,42 @@ def test_memory_flops_and_params_read_the_same_split() -> None:
     assert 1 in candidate_stages(model, layout)
     mem = memory_breakdown(model, recipe, layout)
     assert mem.stage in candidate_stages(model, layout)
+
+
+def _llama3_405b_export(target: str, zero: int) -> tuple[object, ...]:
+    from trainplan.export import megatron as mlm_export
+    from trainplan.export import torchtitan as tt_export
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=8192)
+    model = load_model("llama-3.1-405b")
+    recipe = Recipe(seq_len=8192, global_batch=2048)
+    layout = Layout.for_devices(
+        8192,
+        tp=8,
+        pp=16,
+        zero=zero,
+        sequence_parallel=True,
+        pp_schedule="interleaved",
+        virtual_stages=8,
+        pp_split_embedding=True,
+        pp_split_head=True,
+    )
+    if target == "megatron":
+        return tuple(mlm_export.build_argv(system, model, recipe, layout)[0])
+    config, _, _ = tt_export.build_config(system, model, recipe, layout)
+    return (config["parallelism"],)
+
+
+def test_exports_write_the_split() -> None:
+    """Megatron-LM gets account_for_embedding/loss_in_pipeline_split; torchtitan's pipeline_llm
+    builds 128 one-unit stages with the embedding and the output as a unit each (its default
+    first/last-stage weight of 1), the split layout.stage_layers counts."""
+    argv = _llama3_405b_export("megatron", 1)
+    assert "--account-for-embedding-in-pipeline-split" in argv
+    assert "--account-for-loss-in-pipeline-split" in argv
+    (par,) = _llama3_405b_export("torchtitan", 2)  # Llama 3's FSDP kept weights unsharded
+    assert isinstance(par, dict)
+    assert par["pipeline_parallel_layers_per_stage"] == 1
+    assert par.get("pipeline_parallel_first_stage_less_layers", 1) == 1
