@@ -315,9 +315,7 @@ class MemoryBreakdown:
                 ("FSDP LM-head gradient (unsharded)", self.fsdp_head_grad_bytes),
                 block,
                 (
-                    "inside the block's backward (rebuilt set, first weight gradient) with the first "
-                    "block's activations and the prefetched block, or the later block's reduce-scatter "
-                    "in flight",
+                    "inside a block's backward (rebuilt set, gradients, prefetch or reduce in flight)",
                     maximum(first, later),
                 ),
             ]
