@@ -57,6 +57,8 @@ def _values(row: TimingRow, engine: str) -> tuple[dict[str, Any], list[str]]:
         "sequence_parallel": layout.sequence_parallel,
         "pp_schedule": layout.pp_schedule,
         "virtual_stages": layout.virtual_stages,
+        "pp_split_embedding": layout.pp_split_embedding,
+        "pp_split_head": layout.pp_split_head,
         "method": recipe.method,
         "precision": recipe.precision,
         "optimizer": recipe.optimizer,
