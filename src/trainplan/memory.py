@@ -309,14 +309,14 @@ class MemoryBreakdown:
                 # planner's rows without ZeRO-3, which evaluate every moment)
                 (
                     "gradient of the block output",
-                    where(self.fsdp_block_bytes > 0.0, self.block_input_bytes, 0.0),
+                    cast(float, where(self.fsdp_block_bytes > 0.0, self.block_input_bytes, 0.0)),
                 ),
                 root,
                 ("FSDP LM-head gradient (unsharded)", self.fsdp_head_grad_bytes),
                 block,
                 (
                     "inside a block's backward (rebuilt set, gradients, prefetch or reduce in flight)",
-                    maximum(first, later),
+                    cast(float, maximum(first, later)),
                 ),
             ]
         elif phase == "backward (root)":
