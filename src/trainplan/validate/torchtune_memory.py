@@ -253,6 +253,15 @@ _MAY_2024 = (
 )
 
 EXPLAINED: Final[dict[str, str]] = {
+    "torchtune-05-llama-3.1-70b-full-8xa100-80gb-cpu-offload": (
+        "Llama-3.1-70B full fine-tune with fsdp_cpu_offload, 8x A100: CPU offload is not traced "
+        "(docs/verify.md), so the FSDP2 moments applied here are the ones verified without it. The "
+        "published 13.9 GiB is below even the moment after a block's backward (15.7 GiB, +12.6%); the "
+        "peak predicted inside a block's backward (17.7 GiB) adds the rebuilt block, its first weight "
+        "gradient and the later block's FP32 reduce-scatter input in flight (5.3 GiB with the "
+        "prefetched block), and whether FSDP2 under CPUOffloadPolicy keeps that input in flight is "
+        "not verified by a trace or a measurement."
+    ),
     "torchtune-14-llama-2-70b-full-8xa100-80gb": (
         "Llama-2-70B full fine-tune with PagedAdamW, 8x A100: " + _MAY_2024 + " No config was "
         "published for this row; with the paged states outside PyTorch's allocator, what is left is "
