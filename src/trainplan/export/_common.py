@@ -7,6 +7,8 @@ so an export never writes a configuration that trainplan itself would reject.
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainplan.errors import TrainplanError
@@ -84,3 +86,19 @@ class Unsupported(TrainplanError):
 def unsupported(target: str, field: str, what: str, hint: str) -> TrainplanError:
     """The error for a plan setting a target cannot express: names the field, the target and a way out."""
     return Unsupported(target, field, what, hint)
+
+
+def shell_command(argv: Sequence[str], breaks_before: Callable[[str], bool]) -> str:
+    """``argv`` as one shell command over several lines: words quoted (``$MASTER_ADDR…`` left to
+    the shell), a new line before each word ``breaks_before`` picks, joined by ``\\``."""
+    quoted = [a if a.startswith("$MASTER_ADDR") else shlex.quote(a) for a in argv]
+    lines: list[str] = []
+    line = ""
+    for word in quoted:
+        if breaks_before(word) and line:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    lines.append(line)
+    return " \\\n  ".join(lines) + "\n"

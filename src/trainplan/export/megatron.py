@@ -31,11 +31,10 @@ tests/test_export_megatron.py pins the set and parses the list back):
 from __future__ import annotations
 
 import math
-import shlex
 from typing import Final
 
 from trainplan.errors import TrainplanError
-from trainplan.export._common import PlanFacts, plan_facts, unsupported
+from trainplan.export._common import PlanFacts, plan_facts, shell_command, unsupported
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
@@ -332,18 +331,8 @@ def megatron_args(argv: list[str]) -> list[str]:
 
 def render(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[str, tuple[str, ...]]:
     argv, _, warnings = build_argv(system, model, recipe, layout)
-    quoted = [a if a.startswith("$MASTER_ADDR") else shlex.quote(a) for a in argv]
-    lines: list[str] = []
-    line = ""
-    for word in quoted:
-        if (word.startswith("--") or word == "pretrain_gpt.py") and line:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    lines.append(line)
     header = (
         f"# Megatron-LM {VERSION} (run from its repository root), written by trainplan\n"
         f"# {model.name}, {recipe.method}, {recipe.precision}, layout {layout.describe()}\n"
     )
-    return header + " \\\n  ".join(lines) + "\n", warnings
+    return header + shell_command(argv, lambda w: w.startswith("--") or w == "pretrain_gpt.py"), warnings

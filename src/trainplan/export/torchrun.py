@@ -11,10 +11,10 @@ for every key). The command is self-contained: no job config file is needed.
 
 from __future__ import annotations
 
-import shlex
 from typing import Final
 
 from trainplan.export import torchtitan
+from trainplan.export._common import shell_command
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
@@ -47,18 +47,8 @@ def build_argv(
 
 def render(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[str, tuple[str, ...]]:
     argv, warnings = build_argv(system, model, recipe, layout)
-    quoted = [a if a.startswith("$MASTER_ADDR") else shlex.quote(a) for a in argv]
-    lines: list[str] = []
-    line = ""
-    for word in quoted:
-        if word.startswith("-") and line:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    lines.append(line)
     header = (
         f"# torchrun (torch 2.13) launching torchtitan {torchtitan.VERSION}, written by trainplan\n"
         f"# {model.name}, {recipe.method}, {recipe.precision}, layout {layout.describe()}\n"
     )
-    return header + " \\\n  ".join(lines) + "\n", warnings
+    return header + shell_command(argv, lambda w: w.startswith("-")), warnings

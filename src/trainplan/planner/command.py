@@ -201,15 +201,23 @@ def plan_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[Acc
         top=values["top"],
         budget_usd=values["budget"],
         deadline_h=values["deadline"],
-        provider=values["provider"],
-        prices=_prices(values, accs),
-        pue=values["pue"],
-        host_memory_bytes_per_node=host_memory_bytes(values),
-        reliability=build_reliability(values),
-        memory_margin=values["memory_margin"],
-        price_query=price_query(values),
+        **_priced_options(values, accs),
     )
     return _with_engine(result, values)
+
+
+def _priced_options(values: Mapping[str, Any], accs: list[Accelerator]) -> dict[str, Any]:
+    """The keywords ``plan`` and ``compare`` both take from the request: prices, host memory,
+    goodput and the memory margin."""
+    return {
+        "provider": values["provider"],
+        "prices": _prices(values, accs),
+        "pue": values["pue"],
+        "host_memory_bytes_per_node": host_memory_bytes(values),
+        "reliability": build_reliability(values),
+        "memory_margin": values["memory_margin"],
+        "price_query": price_query(values),
+    }
 
 
 def _with_engine(result: PlanResult, values: Mapping[str, Any]) -> PlanResult:
@@ -229,13 +237,7 @@ def compare_from_values(values: Mapping[str, Any], model: ModelSpec, accs: list[
         accs,
         space=space,
         objective=values["objective"],
-        provider=values["provider"],
-        prices=_prices(values, accs),
-        pue=values["pue"],
-        host_memory_bytes_per_node=host_memory_bytes(values),
-        reliability=build_reliability(values),
-        memory_margin=values["memory_margin"],
-        price_query=price_query(values),
+        **_priced_options(values, accs),
     )
     return _with_engine(result, values)
 
