@@ -14,6 +14,7 @@ from trainplan import estimate
 from trainplan.errors import TrainplanError
 from trainplan.hardware import get_accelerator
 from trainplan.hardware.system import System
+from trainplan.layout import Layout
 from trainplan.models import load_model
 from trainplan.recipe import Recipe
 from trainplan.rlhf import RLHFSpec, kv_bytes_per_token, rollout
@@ -109,7 +110,8 @@ def _rollout(
 ):
     spec = RLHFSpec(method="ppo", reward_model=None, prompt_len=length, gen_len=length, **kw)  # type: ignore[arg-type]
     system = System(accelerator=get_accelerator(hw), num_devices=devices)
-    return rollout(system, load_model(model), Recipe(method="full"), spec, 256)
+    layout = Layout.for_devices(devices, tp=1, pp=1, zero=0) if spec.rollout_engine == "trainer" else None
+    return rollout(system, load_model(model), Recipe(method="full"), spec, 256, layout)
 
 
 def test_more_rollout_devices_never_slow_generation() -> None:
@@ -221,13 +223,19 @@ def test_train_batch_splits_the_step_into_updates() -> None:
 def test_generating_on_zero3_trainer_weights_is_bound_by_the_gathers() -> None:
     """HF generate on a ZeRO-3 module all-gathers every layer at each decode step (OpenRLHF
     without vLLM, DeepSpeed-Chat without the Hybrid Engine): much slower than a vLLM copy."""
-    trainer = _est("ppo", rollout_engine="trainer", rollout_concurrency=8)
-    vllm = _est("ppo", rollout_concurrency=8)
+
+    def est(**kw: object):
+        return estimate("llama-2-13b", method="ppo", rollout_concurrency=8, **{**BASE, **kw})
+
+    trainer = est(rollout_engine="trainer")
+    vllm = est(rollout_engine_mem_fraction=0.6)  # room for the 26 GB copy and its KV cache
     assert trainer.rlhf.rollout.decode_bound == "ZeRO-3 gather"
     assert trainer.time.rollout_decode_s > 3 * vllm.time.rollout_decode_s
     assert "rollout engine weights" not in trainer.rlhf.models and trainer.time.weight_sync_s == 0
-    no_zero = _est("ppo", zero=1, rollout_engine="trainer", rollout_concurrency=8)
-    assert no_zero.rlhf.rollout.decode_bound == "memory"
+    # Without ZeRO-3 nothing is gathered: eager HF generate is then held by its kernel launches.
+    no_zero = est(zero=1, rollout_engine="trainer")
+    assert no_zero.rlhf.rollout.decode_bound == "kernel launch"
+    assert no_zero.time.rollout_decode_s < trainer.time.rollout_decode_s
 
 
 def test_rlhf_validation_rows_are_predicted_and_the_fit_claim_reproduced() -> None:
@@ -322,3 +330,63 @@ def test_deepspeed_kappa_is_reproducible_from_its_named_rows() -> None:
     with kappa_override("deepspeed", "ampere", calibrated_kappa("a100-80gb", "pytorch") or 1.0):
         as_pytorch = mape()
     assert mape() < as_pytorch - 0.10
+
+
+def test_eager_decode_floor_reproduces_its_calibration_measurement() -> None:
+    """gpt-fast's starting point (PyTorch blog "Accelerating Generative AI with PyTorch II"):
+    Llama-2-7B, batch 1, A100-80GB, 25.5 tokens/s, CPU-overhead bound. HF generate on the
+    training module (the trainer engine) decodes at that floor; a CUDA-graph engine (vllm) at its
+    roofline, several times faster."""
+    from trainplan.rlhf import EAGER_DECODE_LAYER_S
+
+    eager = _rollout(1, hw="a100-80gb", rollout_engine="trainer", rollout_concurrency=1)
+    graph = _rollout(1, hw="a100-80gb", rollout_concurrency=1)
+    assert eager.decode_bound == "kernel launch" and graph.decode_bound == "memory"
+    assert 1.0 / eager.decode_step_s == pytest.approx(25.5, rel=1e-6)
+    assert eager.decode_step_s == pytest.approx(32 * EAGER_DECODE_LAYER_S)
+    assert graph.decode_step_s < eager.decode_step_s / 3
+    # The floor scales with the layers launched: a 40-layer 13B model's floor is 40/32 of it.
+    big = _rollout(1, model="llama-2-13b", hw="a100-80gb", rollout_engine="trainer", rollout_concurrency=1)
+    assert big.decode_step_s == pytest.approx(40 * EAGER_DECODE_LAYER_S)
+
+
+def test_tensor_parallel_decode_pays_two_all_reduces_per_layer() -> None:
+    one = _rollout(8, model="llama-2-13b", rollout_concurrency=8)
+    two = _rollout(8, model="llama-2-13b", rollout_concurrency=8, rollout_tp=2)
+    assert one.tp_allreduce_s == 0 and two.tp_allreduce_s > 0
+    # The all-reduces add to the step's roofline (each waits for its layer).
+    assert two.decode_bound == "memory"
+    memory_only = two.decode_step_s - two.tp_allreduce_s
+    assert memory_only < one.decode_step_s  # half the weights per rank
+    assert two.decode_step_s == pytest.approx(memory_only + two.tp_allreduce_s)
+
+
+def test_response_length_mean_shortens_continuous_batching_only() -> None:
+    full = _rollout(2, rollout_concurrency=16)
+    assert full.decode_steps == full.waves * 512
+    same = _rollout(2, rollout_concurrency=16, response_len_mean=512)
+    assert same.decode_s == pytest.approx(full.decode_s)
+    short = _rollout(2, rollout_concurrency=16, response_len_mean=128)
+    # the slots run their sequences back to back at the mean; the last started run to the maximum
+    assert short.decode_steps == (short.waves - 1) * 128 + 512
+    assert short.decode_steps >= 512
+    assert short.decode_s < full.decode_s
+    # shorter responses never slow the rollout
+    times = [_rollout(2, rollout_concurrency=16, response_len_mean=m).decode_s for m in (64, 128, 256, 512)]
+    assert all(a <= b for a, b in itertools.pairwise(times))
+    # a static batch (HF generate) runs until its longest response: refused rather than ignored
+    with pytest.raises(TrainplanError, match="static batch"):
+        RLHFSpec(method="ppo", prompt_len=512, gen_len=512, rollout_engine="trainer", response_len_mean=128)
+    with pytest.raises(TrainplanError, match="exceeds the maximum"):
+        RLHFSpec(method="ppo", prompt_len=512, gen_len=512, response_len_mean=600)
+    with pytest.raises(TrainplanError, match="no rollout"):
+        RLHFSpec(method="dpo", response_len_mean=100)
+
+
+def test_response_length_mean_through_the_estimate() -> None:
+    est = _est("grpo", group_size=4, gen_len=512, response_len_mean=128)
+    base = _est("grpo", group_size=4, gen_len=512)
+    assert est.rlhf.to_dict(est.time)["response_len_mean"] == 128
+    assert est.time.rollout_decode_s < base.time.rollout_decode_s
+    assert est.rlhf.model_flops_per_step < base.rlhf.model_flops_per_step
+    assert est.time.step_s >= est.rlhf.actor_step_s

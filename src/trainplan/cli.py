@@ -222,7 +222,15 @@ def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
             f"  rollout ({rl.spec.rollout_engine}): {ro.engines} engine(s), {ro.sequences_per_engine} sequences "
             f"each, {ro.concurrent_sequences} at once ({ro.waves} wave(s)), KV budget "
             f"{_fmt_size(ro.kv_budget_bytes, binary).strip()} {unit}, decode {ro.decode_bound}-bound "
-            f"({fmt_duration(ro.decode_step_s)} per token step)"
+            f"({fmt_duration(ro.decode_step_s)} per token step"
+            + (f", {fmt_duration(ro.tp_allreduce_s)} of it TP all-reduce" if ro.tp_allreduce_s else "")
+            + f"; {ro.decode_steps:,.0f} steps"
+            + (
+                f", responses {rl.spec.response_len_mean} tokens on average of {rl.spec.gen_len} at most"
+                if rl.spec.response_len_mean is not None
+                else ""
+            )
+            + ")"
         )
     lines.append("")
     return lines

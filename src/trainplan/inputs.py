@@ -646,6 +646,14 @@ RLHF_FIELDS: Final = (
         "default: what the KV budget holds)",
     ),
     Field(
+        name="response_len_mean",
+        group="rlhf",
+        type=int,
+        positive=True,
+        help="ppo/grpo mean generated tokens per response, responses stopping at EOS (default: every "
+        "response runs to --gen-len); continuous-batching engines (vllm, hybrid) refill freed slots",
+    ),
+    Field(
         name="rollout_engine",
         group="rlhf",
         choices=RLHF_ENGINES,
@@ -797,6 +805,7 @@ def build_rlhf(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> 
             "rollout_tp",
             "rollout_engine_mem_fraction",
             "rollout_concurrency",
+            "response_len_mean",
             "train_batch",
         )
         if values.get(k) is not None

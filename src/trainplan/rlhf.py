@@ -88,6 +88,18 @@ KV cache (vLLM ``gpu_memory_utilization``, whose own default, 0.9, leaves no roo
 
 RUNTIMES: Final = "TRL, OpenRLHF or verl"
 
+EAGER_DECODE_LAYER_S: Final = 1.0 / (25.5 * 32)
+"""Host time to launch one decoder layer of one decode step in eager PyTorch (seconds): the floor
+of a decode step of an engine that launches every kernel from Python each step (Hugging Face
+``generate`` on the training module: ``rollout_engine="trainer"``). Fitted on one named
+measurement, the gpt-fast starting point: Llama-2-7B (32 layers), batch 1, A100-80GB, "25.5 tok/s
+... heavily CPU overhead bound" (PyTorch blog "Accelerating Generative AI with PyTorch II: GPT,
+Fast", Nov 2023, https://pytorch.org/blog/accelerating-generative-ai-2/): 1 / (25.5 × 32) s. The
+roofline of that step is ~7 ms of weight reads, a fifth of the 39 ms measured. Engines that replay
+a captured CUDA graph (vLLM's default, DeepSpeed-Inference / Hybrid Engine kernels) have no such
+floor here; their scheduler's host time is not modelled. Validated on the DeepSpeed-Chat
+generation rows (``validate/data/rlhf_colocated.csv``), which were not fitted."""
+
 
 def is_rlhf(method: str) -> bool:
     return method in RLHF_METHODS
@@ -128,6 +140,12 @@ class RLHFSpec:
     rollout_tp: int = 1
     rollout_engine_mem_fraction: float = DEFAULT_ENGINE_MEM_FRACTION
     rollout_concurrency: int | None = None
+    response_len_mean: int | None = None
+    """Mean generated tokens per response (responses stop at EOS); ``None``: every response runs to
+    ``gen_len``, the maximum. Read by the continuous-batching engines (``vllm``, ``hybrid``), whose
+    freed slots take the next sequence (Kwon et al. 2023, Sec. 4.5; Yu et al. 2022, Orca, iteration-
+    level scheduling); a static batch (``trainer``: HF ``generate``) runs until its longest response
+    stops and is timed at the maximum."""
     rollout_engine: RolloutEngine = "vllm"
     placement: Placement = "colocated"
     train_batch: int | None = None
@@ -195,6 +213,7 @@ class RLHFSpec:
                     DEFAULT_ENGINE_MEM_FRACTION,
                 ),
                 ("rollout_concurrency", self.rollout_concurrency, None),
+                ("response_len_mean", self.response_len_mean, None),
                 ("rollout_engine", self.rollout_engine, "vllm"),
                 ("gen_len", self.gen_len, 0),
             ):
@@ -228,6 +247,29 @@ class RLHFSpec:
             raise RecipeError("rollout_tp", f"must be a positive integer, got {self.rollout_tp}")
         if m in ROLLOUT_METHODS and (self.prompt_len <= 0 or self.gen_len <= 0):
             raise RecipeError("gen_len", "prompt and generation lengths must be positive")
+        if self.response_len_mean is not None:
+            if not isinstance(self.response_len_mean, int) or self.response_len_mean <= 0:
+                raise RecipeError(
+                    "response_len_mean", f"must be a positive integer, got {self.response_len_mean!r}"
+                )
+            if self.response_len_mean > self.gen_len:
+                raise RecipeError(
+                    "response_len_mean",
+                    f"a mean of {self.response_len_mean} tokens exceeds the maximum --gen-len {self.gen_len}; "
+                    "give a mean no larger than the maximum",
+                )
+            if self.rollout_engine == "trainer":
+                raise RecipeError(
+                    "response_len_mean",
+                    "HF generate runs a static batch until its longest response stops (under ZeRO-3, every "
+                    "rank's batch): the maximum --gen-len times it; drop --response-len-mean or use an engine "
+                    "with continuous batching (--rollout-engine vllm or hybrid)",
+                )
+
+    @property
+    def mean_response_len(self) -> float:
+        """Mean generated tokens per sequence (``gen_len`` unless ``response_len_mean`` is given)."""
+        return float(self.gen_len if self.response_len_mean is None else self.response_len_mean)
 
     @property
     def group_roles(self) -> tuple[str, ...]:
@@ -390,8 +432,10 @@ class Rollout:
     prefill_s: float
     decode_s: float
     decode_step_s: float
+    decode_steps: float  # decode steps of one engine (:func:`decode_steps`)
+    tp_allreduce_s: float  # of one decode step (:func:`decode_tp_allreduce_s`)
     prefill_flops_per_engine: float
-    decode_bound: str  # "memory", "compute" or "ZeRO-3 gather"
+    decode_bound: str  # "memory", "compute", "ZeRO-3 gather" or "kernel launch"
     fits_one_sequence: bool
 
 
@@ -412,11 +456,13 @@ def rollout(
 
     Prefill of a wave (roofline, Williams et al. 2009): the forward FLOPs of C prompts
     (``flops.step_flops``) over the engine's ranks at the dense peak × large-GEMM efficiency, and
-    never faster than reading the weights once. Decode: ``gen_len`` steps, each the larger of
-    (engine weights + KV of C sequences at the mean context prompt + gen/2) / (HBM bandwidth ×
-    measured streaming efficiency) and 2 · active params · C / tp FLOPs at the GEMM rate — the
-    memory-bound regime of small batches (Pope et al. 2022, "Efficiently Scaling Transformer
-    Inference", Sec. 2-3).
+    never faster than reading the weights once. Decode: :func:`decode_steps` steps (``waves ×
+    gen_len`` when every response runs to the maximum), each the largest of (engine weights + KV
+    of C sequences at the mean context prompt + mean response / 2) / (HBM bandwidth × measured
+    streaming efficiency), 2 · active params · C / tp FLOPs at the GEMM rate — the memory-bound
+    regime of small batches (Pope et al. 2022, "Efficiently Scaling Transformer Inference", Sec.
+    2-3) — and the host's kernel-launch floor of an eager engine (:func:`decode_launch_floor_s`),
+    plus the step's tensor-parallel all-reduces (:func:`decode_tp_allreduce_s`).
 
     ``rollout_engine="trainer"`` generates in the training ``layout`` (engines = devices / tp, no
     weight copy); under ZeRO-3 each decode step (and each wave's prefill) all-gathers the
@@ -464,11 +510,18 @@ def rollout(
     if trainer and layout is not None and layout.zero == 3:
         gather = gather_s(system, weights, layout.shard_group)
     prefill_wave_s = max(prefill_flops / tp / flops_per_s, weights / bw, gather)
-    mean_context = spec.prompt_len + spec.gen_len / 2.0
+    mean_len = spec.mean_response_len
+    mean_context = spec.prompt_len + mean_len / 2.0
     kv_read = concurrent * kv_bytes_per_token(model, recipe, tp) * mean_context
     memory_s = (weights + kv_read) / bw
     compute_s = 2.0 * count_params(model).active * concurrent / tp / flops_per_s
-    step_s = max(memory_s, compute_s, gather)
+    launch_s = decode_launch_floor_s(model, spec.rollout_engine)
+    allreduce_s = decode_tp_allreduce_s(system, model, recipe, concurrent, tp)
+    step_s = max(memory_s, compute_s, gather, launch_s) + allreduce_s
+    steps = decode_steps(waves, spec.gen_len, mean_len)
+    bound = max(
+        (memory_s, "memory"), (compute_s, "compute"), (gather, "ZeRO-3 gather"), (launch_s, "kernel launch")
+    )[1]
     return Rollout(
         engines=engines,
         sequences_per_engine=per_engine,
@@ -479,14 +532,50 @@ def rollout(
         engine_weights_bytes=own_copy,
         gathered_weights_bytes=weights if spec.rollout_engine == "hybrid" else 0.0,
         prefill_s=waves * prefill_wave_s,
-        decode_s=waves * spec.gen_len * step_s,
+        decode_s=steps * step_s,
         decode_step_s=step_s,
+        decode_steps=steps,
+        tp_allreduce_s=allreduce_s,
         prefill_flops_per_engine=waves * prefill_flops,
-        decode_bound="ZeRO-3 gather"
-        if gather > max(memory_s, compute_s)
-        else ("memory" if memory_s >= compute_s else "compute"),
+        decode_bound=bound,
         fits_one_sequence=held >= 1,
     )
+
+
+def decode_steps(waves: int, gen_len: int, mean_len: float) -> float:
+    """Decode steps of one engine over ``waves`` batches of its concurrent sequences.
+
+    Every response at the maximum (``mean_len == gen_len``): ``waves × gen_len``. With a shorter
+    mean, continuous batching (Yu et al. 2022, Orca, iteration-level scheduling; vLLM, Kwon et al.
+    2023 Sec. 4.5) gives a finished sequence's slot to the next one, so each slot runs its
+    sequences back to back at the mean length; the rollout ends when the last ones started finish,
+    and the longest of them runs to the maximum: ``(waves − 1) × mean + gen_len``. The last wave's
+    batch shrinks as its sequences stop; its steps are counted at the full batch's cost (an upper
+    bound on that wave)."""
+    return (waves - 1) * mean_len + gen_len
+
+
+def decode_launch_floor_s(model: ModelSpec, engine: str) -> float:
+    """The host-side floor of one decode step: ``num_layers × EAGER_DECODE_LAYER_S`` for an engine
+    that launches each kernel from Python (``trainer``: HF ``generate``); 0 for engines that replay
+    a CUDA graph (``vllm``, ``hybrid``). The GPU runs behind the host, so the step is the larger of
+    this and its roofline (gpt-fast: "heavily CPU overhead bound", :data:`EAGER_DECODE_LAYER_S`)."""
+    return model.num_layers * EAGER_DECODE_LAYER_S if engine == "trainer" else 0.0
+
+
+def decode_tp_allreduce_s(
+    system: System, model: ModelSpec, recipe: Recipe, concurrent: int, tp: int
+) -> float:
+    """Tensor-parallel all-reduces of one decode step: two per layer (after the attention output
+    and the MLP down projection, Shoeybi et al. 2019 Sec. 3) of ``concurrent × hidden`` activations
+    in the weight dtype, over the engine's ``tp`` ranks (``comm.Network.time_s``: the per-step
+    latency dominates these small messages). Each waits for its layer, so none overlaps."""
+    if tp <= 1:
+        return 0.0
+    nbytes = concurrent * model.hidden_size * BYTES_PER_ELEMENT[recipe.weight_dtype]
+    net = network_from_system(system)
+    one = net.time_s("all_reduce", nbytes, place_group("rollout_tp", tp, 1, domain_size(system)))
+    return 2.0 * model.num_layers * one
 
 
 def phase_reload_s(system: System, reloaded_bytes_per_device: float) -> float:
@@ -651,6 +740,7 @@ class RLHFEstimate:
             "group_size": s.group_size,
             "prompt_len": s.prompt_len,
             "gen_len": s.gen_len,
+            "response_len_mean": s.mean_response_len,
             "sequences_per_step": self.sequences,
             "updates_per_step": self.updates,
             "train_batch": s.train_batch,
@@ -687,6 +777,8 @@ class RLHFEstimate:
                 "engine_weights_bytes": r.engine_weights_bytes,
                 "gathered_weights_bytes": r.gathered_weights_bytes,
                 "decode_step_s": r.decode_step_s,
+                "decode_steps": r.decode_steps,
+                "decode_tp_allreduce_s": r.tp_allreduce_s,
                 "decode_bound": r.decode_bound,
                 "fits_one_sequence": r.fits_one_sequence,
             },
@@ -938,7 +1030,7 @@ def model_flops_per_step(
     )
     rollout_flops = 0.0
     if ro is not None:
-        decode_flops = 2.0 * count_params(policy).active * sequences * spec.gen_len
+        decode_flops = 2.0 * count_params(policy).active * sequences * spec.mean_response_len
         rollout_flops = ro.prefill_flops_per_engine * ro.engines + decode_flops
     return actor + critic + scoring_flops + rollout_flops
 
@@ -948,7 +1040,8 @@ def step_notes(spec: RLHFSpec, updates: int) -> list[str]:
     if spec.method in ROLLOUT_METHODS:
         notes.append(
             f"{updates} actor{' and critic' if spec.method == 'ppo' else ''} update(s) per step "
-            "(ppo_epochs = 1); the rollout is a roofline of the engine (no scheduler or sampling overheads)"
+            "(ppo_epochs = 1); the rollout is the engine's roofline, an eager engine's kernel-launch floor and "
+            "its TP all-reduces (no scheduler or sampling overheads)"
         )
     if spec.method in ("rm", "ppo") or spec.reward_model is not None:
         notes.append("reward and value heads are counted as the model's LM head (a scalar head is smaller)")
