@@ -516,24 +516,40 @@ def test_opt_config_reads_as_its_preset() -> None:
         True,
         True,
     )
-    # facebook/opt-1.3b has 1,315,758,080 parameters; the 2 offset rows of its position table are not counted
-    assert count_params(preset).total == 1_315_758_080 - 2 * 2048
-    assert any("offset 2" in n for n in spec.notes)
+    # facebook/opt-1.3b has 1,315,758,080 parameters, the 2 offset rows of its position table included
+    assert count_params(preset).total == 1_315_758_080
+    assert spec.position_offset == 2 and spec.final_norm and not spec.embed_projected
 
 
-def test_opt_350m_embedding_projection_is_refused() -> None:
-    from trainplan.errors import ModelError
+OPT_350M_CONFIG = {
+    **OPT_1_3B_CONFIG,
+    "_name_or_path": "facebook/opt-350m",
+    "do_layer_norm_before": False,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "ffn_dim": 4096,
+    "word_embed_proj_dim": 512,
+}
+
+
+def test_opt_350m_embedding_projection_is_counted_exactly() -> None:
+    """facebook/opt-350m: a 512-wide embedding and tied head, project_in / project_out to the
+    1,024-wide blocks, post-LN without a final norm; the checkpoint holds 331,196,416 parameters."""
+    from trainplan.flops import gemm_params, logits_forward_flops
+    from trainplan.models import load_model
     from trainplan.models.hf import from_hf_config
+    from trainplan.models.params import count_params
 
-    cfg = {
-        **OPT_1_3B_CONFIG,
-        "hidden_size": 1024,
-        "num_attention_heads": 16,
-        "ffn_dim": 4096,
-        "word_embed_proj_dim": 512,
-    }
-    with pytest.raises(ModelError) as err:
-        from_hf_config(cfg, "opt-350m")
-    assert err.value.field == "word_embed_proj_dim" and "project_in" in str(err.value)
-    with pytest.raises(ModelError, match="final LayerNorm"):
-        from_hf_config({**OPT_1_3B_CONFIG, "do_layer_norm_before": False}, "post-ln")
+    spec = from_hf_config(OPT_350M_CONFIG, "opt-350m")
+    preset = load_model("opt-350m")
+    c = count_params(spec)
+    assert c.total == count_params(preset).total == 331_196_416
+    assert (c.embedding, c.embed_projection, c.final_norm) == (50272 * 512, 2 * 512 * 1024, 0)
+    assert spec.approximations and "post-LN" in spec.approximations[0]
+    # the head multiplies by the 512-wide tied matrix; the projections are GEMMs of every token
+    assert logits_forward_flops(preset, 1, 1) == 2 * 512 * 50272 + 2 * 2 * 512 * 1024
+    unprojected = dataclasses.replace(preset, embed_dim=0)
+    assert gemm_params(preset) - gemm_params(unprojected) == 50272 * (512 - 1024) + 2 * 512 * 1024
+    # removing the final norm alone keeps every other count
+    no_norm = from_hf_config({**OPT_1_3B_CONFIG, "_remove_final_layer_norm": True}, "no-final")
+    assert count_params(no_norm).total == 1_315_758_080 - 2 * 2048

@@ -26,7 +26,7 @@ def test_pipeline_stages_partition_the_layers(name: str) -> None:
     layers = [i for st in range(pp) for i in stage_layers(model, Layout(pp=pp), st)]
     assert layers == list(range(model.num_layers))
     total = sum(device_params(model, layout, st).total for st in range(pp))
-    tied_copy = model.vocab_size * model.hidden_size if model.tied_embeddings else 0
+    tied_copy = model.vocab_size * model.embed_width if model.tied_embeddings else 0
     assert total - tied_copy == count_params(model).total
 
 

@@ -152,8 +152,14 @@ def layer_forward_flops(
 
 
 def logits_forward_flops(spec: ModelSpec, b: float, s: float) -> float:
-    """LM head (output projection to the vocabulary): 2·b·s·h·V (Narayanan et al. 2021, App.)."""
-    return 2.0 * b * s * spec.hidden_size * spec.vocab_size
+    """LM head (output projection to the vocabulary): 2·b·s·h·V (Narayanan et al. 2021, App.).
+
+    With a projected embedding (``spec.embed_projected``, OPT-350M) the head is e wide, 2·b·s·e·V,
+    and ``project_out`` (h→e) before it and ``project_in`` (e→h) after the embedding add 2·b·s·e·h
+    each (transformers ``modeling_opt.py`` ``OPTDecoder``); both are counted here, with the head."""
+    e = spec.embed_width
+    proj = 2.0 * 2.0 * b * s * e * spec.hidden_size if spec.embed_projected else 0.0
+    return 2.0 * b * s * e * spec.vocab_size + proj
 
 
 def gemm_params(spec: ModelSpec, *, active: bool = True) -> int:
@@ -161,15 +167,17 @@ def gemm_params(spec: ModelSpec, *, active: bool = True) -> int:
 
     Per layer: ``h·(a + 2k)·d + a·d·h`` (attention) + ``m·h·f`` (dense MLP, m = 3 gated / 2) or
     ``m·h·(K·f_e + S·f_s) + h·E`` (MoE with ``active=True``: the K routed experts a token uses, the S
-    shared experts and the router; ``active=False`` counts all E experts). Plus the LM head ``V·h``
-    (a GEMM whether or not it is tied to the embedding). Excluded: the embedding lookup (a gather,
+    shared experts and the router; ``active=False`` counts all E experts). Plus the LM head ``V·e``
+    (a GEMM whether or not it is tied to the embedding; e = h unless projected) and OPT-350M's
+    ``project_in`` / ``project_out`` (2·e·h). Excluded: the embedding lookup (a gather,
     no FLOPs), biases, norm weights, learned position tables. Computed here from the spec so the
     FLOP count does not depend on the parameter-count module.
     """
     h = spec.hidden_size
     m = _mlp_matrices(spec)
     attn = h * (spec.q_dim + 2 * spec.kv_dim) + spec.q_dim * h
-    total = spec.vocab_size * h
+    e = spec.embed_width
+    total = spec.vocab_size * e + (2 * e * h if spec.embed_projected else 0)
     moe = spec.moe
     for i in range(spec.num_layers):
         total += attn
@@ -413,8 +421,9 @@ def layer_memory_traffic(
 
 
 def embedding_memory_bytes(spec: ModelSpec, b: float, s: float, *, dtype_bytes: float = 2.0) -> float:
-    """Embedding gather (forward) or scatter-add of its gradient (backward): read + write T·h."""
-    return 2.0 * b * s * spec.hidden_size * dtype_bytes
+    """Embedding gather (forward) or scatter-add of its gradient (backward): read + write T·e
+    (e = ``embed_width``: the hidden size unless projected)."""
+    return 2.0 * b * s * spec.embed_width * dtype_bytes
 
 
 def logits_memory_bytes(spec: ModelSpec, b: float, s: float, *, dtype_bytes: float = 2.0) -> float:

@@ -1053,7 +1053,7 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
     # place, so the sum is a new tensor: both gradients and their sum are alive at once (traced).
     tied_grad = 0.0
     if model.tied_embeddings and layout.pp == 1 and not recipe.is_peft and not recipe.optimizer_in_backward:
-        tied_grad = wb * float(-(-model.vocab_size // layout.tp) * model.hidden_size)
+        tied_grad = wb * float(-(-model.vocab_size // layout.tp) * model.embed_width)
     fsdp: dict[str, float] = {}
     if z == 3:
         fsdp["fsdp_tied_grad"], tied_grad = tied_grad, 0.0
@@ -1139,7 +1139,7 @@ def tp_embedding_grad_extra_params(model: ModelSpec, layout: Layout, dev: Device
     """
     if layout.tp == 1 or not dev.input_embedding_params:
         return 0
-    return model.vocab_size * model.hidden_size - dev.input_embedding_params
+    return model.vocab_size * model.embed_width - dev.input_embedding_params
 
 
 def _largest_trained_param(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceParams) -> int:
@@ -1160,7 +1160,7 @@ def _largest_trained_param(model: ModelSpec, recipe: Recipe, layout: Layout, dev
             per = recipe.lora.rank * max(rows, cols)
         largest = max(largest, per)
     if not recipe.is_peft:
-        vocab_local = -(-model.vocab_size // layout.tp) * model.hidden_size
+        vocab_local = -(-model.vocab_size // layout.tp) * model.embed_width
         holds_head = dev.stage == layout.pp - 1 and (not model.tied_embeddings or layout.pp > 1)
         if dev.stage == 0 or holds_head:
             largest = max(largest, vocab_local)

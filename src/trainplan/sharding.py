@@ -223,17 +223,21 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
         if (lay_total, lay_adapters) > (largest, largest_adapters):
             largest, largest_adapters = lay_total, lay_adapters
     root = head = embedding = 0
+    e = model.embed_width
+    final_norm = _norm_params(model) if model.final_norm else 0
+    # OPT-350M: project_in (e→h) after the embedding, project_out (h→e) before the head (replicated)
+    proj = e * h if model.embed_projected else 0
     if stage == 0:
-        root += -(-v // tp) * h
+        root += -(-v // tp) * e + proj
         if not model.tied_embeddings or pp > 1:
-            embedding = -(-v // tp) * h
+            embedding = -(-v // tp) * e
         if model.position == "learned":
-            root += model.max_seq_len * h
+            root += (model.max_seq_len + model.position_offset) * h
     if stage == pp - 1:
-        head = _norm_params(model) + -(-v // tp) * h
-        root += _norm_params(model)
+        head = final_norm + proj + -(-v // tp) * e
+        root += final_norm + proj
         if not model.tied_embeddings or pp > 1:
-            root += -(-v // tp) * h
+            root += -(-v // tp) * e
     other += root
     return DeviceParams(
         stage=stage,

@@ -296,8 +296,8 @@ _OPT_IGNORED: Final = frozenset(
         "do_layer_norm_before",
     }
 )
-"""OPT keys that do not change the parameters read here (``do_layer_norm_before``: the norms'
-place, pre- or post-LN; the final norm's presence is checked with ``word_embed_proj_dim``)."""
+"""OPT keys that do not change the parameters read here (``do_layer_norm_before`` is read by
+:func:`_read_opt`: the final norm's presence)."""
 
 SUPPORTED_MODEL_TYPES: Final = (*_LLAMA_LIKE, "gpt2", "gpt_neox", "opt")
 
@@ -414,22 +414,20 @@ def _read_opt(r: _Reader) -> dict[str, Any]:
     """transformers models/opt (Zhang et al. 2022, "OPT", Table 1): ``q/k/v/out_proj`` and
     ``fc1``/``fc2`` with biases (``enable_bias``, default true), ReLU MLP of ``ffn_dim``, two
     LayerNorms per layer and a final one, learned positions, LM head tied to the embedding
-    (``OPTForCausalLM._tied_weights_keys``). ``word_embed_proj_dim`` other than ``hidden_size``
-    (OPT-350M: a 512-wide embedding with ``project_in`` / ``project_out``) and a model without its
-    final LayerNorm (post-LN ``do_layer_norm_before=false``, ``_remove_final_layer_norm``) are not
-    modelled: refused."""
+    (``OPTForCausalLM._tied_weights_keys``), a position table of ``max_position_embeddings`` + 2
+    rows (``OPTLearnedPositionalEmbedding`` offset 2). ``word_embed_proj_dim`` other than
+    ``hidden_size`` (OPT-350M: a 512-wide embedding and head with ``project_in`` /
+    ``project_out``) is ``embed_dim``; ``do_layer_norm_before=false`` (post-LN, OPT-350M) or
+    ``_remove_final_layer_norm`` drop the final LayerNorm (``OPTDecoder.__init__``:
+    ``final_layer_norm`` only when ``do_layer_norm_before and not _remove_final_layer_norm``)."""
     hidden = r.req_int("hidden_size")
     heads = r.req_int("num_attention_heads")
     if hidden % heads:
         raise r._fail("num_attention_heads", f"hidden_size {hidden} is not divisible by {heads} heads")
     proj = r.maybe_int("word_embed_proj_dim")
-    if proj is not None and proj != hidden:
-        raise r._fail(
-            "word_embed_proj_dim",
-            f"{proj} ≠ hidden_size {hidden}: the embedding's project_in / project_out (OPT-350M) is not modelled",
-        )
-    if not r.opt_bool("do_layer_norm_before", True) or r.opt_bool("_remove_final_layer_norm", False):
-        raise r._fail("do_layer_norm_before", "an OPT decoder without its final LayerNorm is not modelled")
+    pre_ln = r.opt_bool("do_layer_norm_before", True)
+    removed = r.opt_bool("_remove_final_layer_norm", False)
+    final_norm = pre_ln and not removed
     act = r.opt_str("activation_function", "relu")
     bias = r.opt_bool("enable_bias", True)
     if not r.opt_bool("layer_norm_elementwise_affine", True):
@@ -450,12 +448,15 @@ def _read_opt(r: _Reader) -> dict[str, Any]:
         "qkv_bias": bias,
         "attn_out_bias": bias,
         "mlp_bias": bias,
+        "position_offset": 2,
+        "embed_dim": proj if proj is not None and proj != hidden else 0,
+        "final_norm": final_norm,
     }
 
 
-OPT_POSITION_NOTE: Final = (
-    "OPT's learned position table has 2 rows more than max_position_embeddings (offset 2, "
-    "OPTLearnedPositionalEmbedding): 2·hidden parameters not counted"
+OPT_POST_LN_APPROXIMATION: Final = (
+    "post-LN (each LayerNorm after its sub-layer, do_layer_norm_before=false): same parameters and "
+    "FLOPs as pre-LN; its saved activations are counted as pre-LN's"
 )
 
 
@@ -503,6 +504,8 @@ def _approximations(cfg: Mapping[str, Any], name: str) -> list[str]:
             f"{name}: sliding-window ({window}) attention is costed as full causal attention "
             f"(an over-estimate of attention FLOPs and time above {window} tokens)"
         )
+    if cfg.get("model_type") == "opt" and cfg.get("do_layer_norm_before") is False:
+        out.append(f"{name}: {OPT_POST_LN_APPROXIMATION}")
     capped = [k for k in ("attn_logit_softcapping", "final_logit_softcapping") if cfg.get(k)]
     if capped:
         out.append(
@@ -546,8 +549,6 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, *, strict: bool = True, so
         kw = _read_llama_like(r, fam)
 
     notes = _notes(cfg)
-    if model_type == "opt":
-        notes.append(OPT_POSITION_NOTE)
     unknown: list[str] = []
     for key in sorted(set(cfg) - r.used - ignored):
         if key in _UNMODELLED:

@@ -23,8 +23,12 @@ Per layer (pre-norm decoder, the module layout of Hugging Face ``modeling_llama.
 
 Whole model::
 
-    total = V·h (embedding) + [learned]·s·h + [untied]·V·h (lm_head) + n(h) (final norm)
+    total = V·e (embedding) + [learned]·(s + o)·h + [untied]·V·e (lm_head) + [final norm]·n(h)
+          + [e ≠ h]·2·e·h (project_in, project_out)
           + Σ_layers (attention + norms) + Σ_dense layers mlp(f) + Σ_MoE layers (router + experts + shared)
+
+with e the embedding width (``embed_width``: h unless projected, OPT-350M's 512) and o the
+position table's extra rows (OPT: 2). facebook/opt-350m: 331,196,416 (tests/test_models.py).
 
 For GPT-style models (LayerNorm, biases everywhere, MLP 4h, tied, learned positions) this is
 Narayanan et al. 2021 Eq. 2, ``P = 12·L·h²·(1 + 13/(12h) + (V + s)/(12·L·h))``, plus the final
@@ -131,10 +135,10 @@ class ParamCounts:
     parameters and are not counted.
     """
 
-    embedding: int  # V·h token embedding
-    position_embedding: int  # s·h, learned positions only (GPT-2, GPT-3, Megatron GPT)
-    lm_head: int  # V·h, 0 when tied to the embedding
-    final_norm: int  # n(h)
+    embedding: int  # V·e token embedding
+    position_embedding: int  # (s + offset)·h, learned positions only (GPT-2, GPT-3, Megatron GPT, OPT)
+    lm_head: int  # V·e, 0 when tied to the embedding
+    final_norm: int  # n(h), 0 without a final norm (post-LN OPT-350M)
     attention: int  # q, k, v, o weights + biases + q/k norms, all layers
     attention_norms: int  # norm(s) of the attention sub-layer, all layers
     mlp_dense: int  # dense MLPs, dense layers only
@@ -145,6 +149,7 @@ class ParamCounts:
     mlp_norms: int  # norm(s) of the MLP sub-layer, all layers
     num_dense_layers: int
     num_moe_layers: int
+    embed_projection: int = 0  # project_in + project_out, 2·e·h when e ≠ h (OPT-350M)
 
     @property
     def num_layers(self) -> int:
@@ -165,6 +170,7 @@ class ParamCounts:
             + self.moe_experts
             + self.moe_shared_experts
             + self.mlp_norms
+            + self.embed_projection
         )
 
     @property
@@ -210,11 +216,13 @@ def count_params(spec: ModelSpec) -> ParamCounts:
     n_dense = L - n_moe
     router, experts, one_expert, shared = _moe_parts(spec)
     top_k = spec.moe.top_k if spec.moe is not None else 0
+    e = spec.embed_width
     return ParamCounts(
-        embedding=spec.vocab_size * h,
-        position_embedding=spec.max_seq_len * h if spec.position == "learned" else 0,
-        lm_head=0 if spec.tied_embeddings else spec.vocab_size * h,
-        final_norm=norm_params(spec.norm, h),
+        embedding=spec.vocab_size * e,
+        position_embedding=(spec.max_seq_len + spec.position_offset) * h if spec.position == "learned" else 0,
+        lm_head=0 if spec.tied_embeddings else spec.vocab_size * e,
+        final_norm=norm_params(spec.norm, h) if spec.final_norm else 0,
+        embed_projection=2 * e * h if spec.embed_projected else 0,
         attention=L * _attention(spec),
         attention_norms=L * _sublayer_norms(spec),
         mlp_dense=n_dense * _mlp(spec, spec.ffn_hidden),
@@ -373,11 +381,12 @@ def layer_parameter_tensors(spec: ModelSpec, layer: int) -> int:
 
 
 def root_parameter_tensors(spec: ModelSpec) -> int:
-    """Parameter tensors outside the decoder layers: token embedding, learned positions, final norm
-    and an untied LM head."""
+    """Parameter tensors outside the decoder layers: token embedding, learned positions, final norm,
+    an untied LM head and OPT-350M's ``project_in`` / ``project_out``."""
     return (
         1
         + (1 if spec.position == "learned" else 0)
-        + _norm_tensors(spec)
+        + (_norm_tensors(spec) if spec.final_norm else 0)
         + (0 if spec.tied_embeddings else 1)
+        + (2 if spec.embed_projected else 0)
     )

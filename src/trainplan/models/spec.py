@@ -94,6 +94,18 @@ class ModelSpec:
     qk_norm_full_width: bool = False  # OLMo 2: one norm over all heads, weights a·d (q) and k·d (k)
     post_norms: bool = False  # Gemma 2: extra norm after attention and after the MLP
     parallel_attn_mlp: bool = False  # GPT-NeoX / GPT-J: attention and MLP read the same input
+    embed_dim: int = 0
+    """Width of the token embedding (and of the LM head tied to it) when it differs from
+    ``hidden_size``; 0: the hidden size. OPT-350M (``word_embed_proj_dim`` 512, hidden 1024): the
+    embedding output goes through ``project_in`` (e→h) and the last hidden state through
+    ``project_out`` (h→e) before the head, two bias-free matrices (transformers
+    ``modeling_opt.py`` ``OPTDecoder``)."""
+    final_norm: bool = True
+    """A norm after the last layer (pre-LN decoders). OPT-350M is post-LN
+    (``do_layer_norm_before=false``) and has none (``OPTDecoder.final_layer_norm`` is ``None``)."""
+    position_offset: int = 0
+    """Rows of a learned position table beyond ``max_seq_len`` (OPT: 2,
+    ``OPTLearnedPositionalEmbedding`` offsets positions by 2)."""
     moe: MoESpec | None = None
     source: str = ""  # where the architecture came from (config URL, paper table)
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -116,6 +128,14 @@ class ModelSpec:
         ):
             check_int(name, getattr(self, name), high=high, error=ModelError)
         check_int("ffn_hidden", self.ffn_hidden, low=0, high=MAX_WIDTH, error=ModelError)
+        check_int("embed_dim", self.embed_dim, low=0, high=MAX_WIDTH, error=ModelError)
+        check_int("position_offset", self.position_offset, low=0, high=MAX_SEQ_LEN, error=ModelError)
+        if self.embed_dim == self.hidden_size:
+            object.__setattr__(self, "embed_dim", 0)
+        if self.position_offset and self.position != "learned":
+            raise ModelError(
+                "position_offset", "only a learned position table has rows; drop position_offset"
+            )
         if self.moe is not None and not isinstance(self.moe, MoESpec):
             raise ModelError("moe", f"must be a MoESpec or None, got {self.moe!r}")
         for name in ("activation", "norm", "position"):
@@ -133,6 +153,7 @@ class ModelSpec:
             "qk_norm_full_width",
             "post_norms",
             "parallel_attn_mlp",
+            "final_norm",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ModelError(name, f"must be true or false, got {getattr(self, name)!r}")
@@ -170,6 +191,16 @@ class ModelSpec:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     # -- derived shapes -------------------------------------------------------------------
+    @property
+    def embed_width(self) -> int:
+        """e: width of the token embedding and the (tied) LM head; ``hidden_size`` unless projected."""
+        return self.embed_dim or self.hidden_size
+
+    @property
+    def embed_projected(self) -> bool:
+        """Whether ``project_in`` / ``project_out`` map the embedding width to the hidden size."""
+        return self.embed_dim != 0
+
     @property
     def q_dim(self) -> int:
         """a·d: width of the query projection output."""

@@ -292,28 +292,38 @@ class ReferenceLM(nn.Module):
         super().__init__()
         self.spec = spec
         n = spec.num_layers if num_layers is None else num_layers
-        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        e, h = spec.embed_width, spec.hidden_size
+        self.embed = nn.Embedding(spec.vocab_size, e)
         self.pos_embed = (
-            nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.position == "learned" else None
+            nn.Embedding(spec.max_seq_len + spec.position_offset, h) if spec.position == "learned" else None
         )
+        # OPT-350M: project_in / project_out between the e-wide embedding and head and the blocks
+        self.project_in = nn.Linear(e, h, bias=False) if spec.embed_projected else None
+        self.project_out = nn.Linear(h, e, bias=False) if spec.embed_projected else None
         self.layers = nn.ModuleList(Block(spec, i) for i in range(n))
-        self.norm = Norm(spec.hidden_size, spec.norm)
-        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.norm = Norm(h, spec.norm) if spec.final_norm else None
+        self.head = nn.Linear(e, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
             self.head.weight = self.embed.weight
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         _b, s = tokens.shape
         x = self.embed(tokens)
+        if self.project_in is not None:
+            x = self.project_in(x)
         cos = sin = None
         if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(s, device=tokens.device))
+            x = x + self.pos_embed(torch.arange(s, device=tokens.device) + self.spec.position_offset)
         if self.spec.position == "rope":
             cos, sin = rope_cos_sin(s, self.spec.head_dim, x.dtype)
             cos, sin = cos.to(x.device), sin.to(x.device)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        logits = self.head(self.norm(x))
+        if self.norm is not None:
+            x = self.norm(x)
+        if self.project_out is not None:
+            x = self.project_out(x)
+        logits = self.head(x)
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
 
 

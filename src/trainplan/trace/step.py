@@ -680,7 +680,8 @@ def _region_hooks(net: ReferenceLM, tracker: LiveStorageTracker, layer_saved: li
     def enter_output(*_: Any) -> None:
         tracker.region = "output"
 
-    hooks.append(net.norm.register_forward_pre_hook(enter_output))
+    first_output = net.norm or net.project_out or net.head  # the first module after the blocks
+    hooks.append(first_output.register_forward_pre_hook(enter_output))
     start: dict[str, int] = {}
 
     param_keys: set[int] = set()
