@@ -242,7 +242,7 @@ def test_rlhf_validation_rows_are_predicted_and_the_fit_claim_reproduced() -> No
     from trainplan.validate.rlhf import RLHF_DATASETS, rows, validate_rlhf_dataset
 
     all_rows = rows()
-    assert {r.dataset for r in all_rows} == set(RLHF_DATASETS)
+    assert {r.dataset for r in all_rows} | {"rlhf_deepspeed_chat"} == set(RLHF_DATASETS)
     assert all(r.source.startswith("https://") for r in all_rows)
     assert [r.name for r in all_rows if r.split != "validate"] == ["openrlhf-bench-7b-openrlhf-train"]
     timing = validate_rlhf_dataset("rlhf_openrlhf_colocated")
@@ -390,3 +390,47 @@ def test_response_length_mean_through_the_estimate() -> None:
     assert est.time.rollout_decode_s < base.time.rollout_decode_s
     assert est.rlhf.model_flops_per_step < base.rlhf.model_flops_per_step
     assert est.time.step_s >= est.rlhf.actor_step_s
+
+
+def test_deepspeed_chat_step3_rows_run_the_opt_350m_critic() -> None:
+    """DeepSpeed-Chat Table 1: every A100 row with a preset actor is scored (OPT-350M as reward
+    model and critic), each at the largest per-device batch that fits; rows on accelerators or
+    models the catalog lacks are skipped with the reason."""
+    from trainplan.validate.rlhf import epoch_rows, predict_epoch, validate_rlhf_dataset
+
+    res = validate_rlhf_dataset("rlhf_deepspeed_chat")
+    assert all(r.split == "validate" for r in res.rows)  # nothing here is fitted
+    skipped = {r.name: r.skipped for r in res.rows if r.skipped}
+    assert all(
+        "unknown accelerator" in why or "unknown model" in why or "fits" in why for why in skipped.values()
+    )
+    scored = {r.name for r in res.scored}
+    assert {"dschat-t1-a100-80gb-x8-opt-13b", "dschat-t1-a100-80gb-x64-opt-66b"} <= scored
+    assert len(scored) >= 15 and res.passed
+    # a larger cap never makes the epoch slower: the search only adds larger batches that fit
+    row = next(r for r in epoch_rows() if r.name == "dschat-t1-a100-80gb-x8-opt-1.3b")
+    seconds, per_device = predict_epoch(row)
+    assert per_device >= 1 and seconds > 0
+    import dataclasses as dc
+
+    small = dc.replace(row, cap_prompts=8 * per_device // 2)
+    assert predict_epoch(small)[1] == per_device // 2
+    assert predict_epoch(small)[0] >= seconds
+
+
+def test_eager_inference_kernels_have_their_own_floor() -> None:
+    """DeepSpeed-Chat's log: OPT-1.3B, batch 4, Hybrid Engine, 9.8 ms per decode step: the fused
+    kernels' floor (--rollout-eager) is below HF generate's and above a CUDA graph's (none)."""
+    from trainplan.rlhf import EAGER_DECODE_LAYER_S, FUSED_EAGER_DECODE_LAYER_S
+
+    assert 0 < FUSED_EAGER_DECODE_LAYER_S < EAGER_DECODE_LAYER_S
+    kw: dict[str, object] = dict(
+        model="opt-1.3b", hw="a100-80gb", rollout_engine="hybrid", rollout_concurrency=4
+    )
+    eager = _rollout(1, rollout_eager=True, **kw)  # type: ignore[arg-type]
+    graph = _rollout(1, **kw)  # type: ignore[arg-type]
+    assert eager.decode_bound == "kernel launch"
+    assert eager.decode_step_s == pytest.approx(24 * FUSED_EAGER_DECODE_LAYER_S)
+    assert graph.decode_step_s < eager.decode_step_s
+    with pytest.raises(TrainplanError, match="no rollout"):
+        RLHFSpec(method="dpo", rollout_eager=True)

@@ -661,6 +661,13 @@ RLHF_FIELDS: Final = (
         "layout: DeepSpeed Hybrid Engine, verl), trainer (HF generate in the training layout, per-step "
         "ZeRO-3 gathers: OpenRLHF without vLLM, DeepSpeed-Chat without the Hybrid Engine)",
     ),
+    _switch(
+        "rollout_eager",
+        "rlhf",
+        "ppo/grpo: the inference engine launches its kernels eagerly each decode step, no CUDA graph "
+        "(DeepSpeed Hybrid Engine, vLLM/verl enforce_eager): a per-layer host floor; HF generate "
+        "(--rollout-engine trainer) always is",
+    ),
     Field(
         name="train_batch",
         group="rlhf",
@@ -822,6 +829,7 @@ def build_rlhf(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> 
         prompt_len=prompt,
         gen_len=gen,
         rollout_engine=values.get("rollout_engine") or "vllm",
+        rollout_eager=bool(values.get("rollout_eager")),
         placement=values.get("placement") or "colocated",
         groups=parse_groups(values["groups"]) if values.get("groups") else (),
         **optional,

@@ -95,10 +95,22 @@ of a decode step of an engine that launches every kernel from Python each step (
 measurement, the gpt-fast starting point: Llama-2-7B (32 layers), batch 1, A100-80GB, "25.5 tok/s
 ... heavily CPU overhead bound" (PyTorch blog "Accelerating Generative AI with PyTorch II: GPT,
 Fast", Nov 2023, https://pytorch.org/blog/accelerating-generative-ai-2/): 1 / (25.5 × 32) s. The
-roofline of that step is ~7 ms of weight reads, a fifth of the 39 ms measured. Engines that replay
-a captured CUDA graph (vLLM's default, DeepSpeed-Inference / Hybrid Engine kernels) have no such
-floor here; their scheduler's host time is not modelled. Validated on the DeepSpeed-Chat
-generation rows (``validate/data/rlhf_colocated.csv``), which were not fitted."""
+roofline of that step is ~7 ms of weight reads, a fifth of the 39 ms measured. Validated on the
+OpenRLHF benchmark's DeepSpeed-Chat generation rows (``validate/data/rlhf_colocated.csv``), which
+were not fitted."""
+
+FUSED_EAGER_DECODE_LAYER_S: Final = 2.52 / (256 * 24)
+"""The same floor for an inference engine's fused kernels launched eagerly, without a captured
+CUDA graph (the DeepSpeed Hybrid Engine's DeepSpeed-Inference kernels; vLLM / verl with
+``enforce_eager``, assumed alike): ``--rollout-eager``. Fitted on one named measurement,
+DeepSpeed-Chat's published step-3 log (``training_log_output/actor_opt-1.3b_critic_opt-350m_
+globalBatchSize64.log``, DeepSpeedExamples @91863475): OPT-1.3B (24 layers) on 16 V100-32GB, Hybrid
+Engine, ZeRO-2 (nothing gathered), 4 prompts per device, 256 new tokens: median ``Generate time``
+2.52 s over 476 steps, i.e. 9.8 ms per decode step where the V100 roofline is ~3.6 ms; each batch
+is taken to decode its maximum (HF ``generate`` stops early only when every sequence of the batch
+has). Engines that replay CUDA graphs (vLLM's default) have no floor here; their scheduler's host
+time is not modelled. Validated on DeepSpeed-Chat's Table 1 step-3 times
+(``validate/data/rlhf_deepspeed_chat.csv``)."""
 
 
 def is_rlhf(method: str) -> bool:
@@ -147,6 +159,11 @@ class RLHFSpec:
     level scheduling); a static batch (``trainer``: HF ``generate``) runs until its longest response
     stops and is timed at the maximum."""
     rollout_engine: RolloutEngine = "vllm"
+    rollout_eager: bool = False
+    """The inference engine (``vllm``, ``hybrid``) launches its kernels eagerly each decode step
+    instead of replaying a CUDA graph (DeepSpeed Hybrid Engine; vLLM ``enforce_eager``, verl
+    ``rollout.enforce_eager``): a host-side floor per layer (:data:`FUSED_EAGER_DECODE_LAYER_S`).
+    HF ``generate`` (``trainer``) is always eager."""
     placement: Placement = "colocated"
     train_batch: int | None = None
     """Sequences (PPO, GRPO) or pairs (DPO, RM) per optimizer update; the step's batch is cut into
@@ -214,6 +231,7 @@ class RLHFSpec:
                 ),
                 ("rollout_concurrency", self.rollout_concurrency, None),
                 ("response_len_mean", self.response_len_mean, None),
+                ("rollout_eager", self.rollout_eager, False),
                 ("rollout_engine", self.rollout_engine, "vllm"),
                 ("gen_len", self.gen_len, 0),
             ):
@@ -515,7 +533,7 @@ def rollout(
     kv_read = concurrent * kv_bytes_per_token(model, recipe, tp) * mean_context
     memory_s = (weights + kv_read) / bw
     compute_s = 2.0 * count_params(model).active * concurrent / tp / flops_per_s
-    launch_s = decode_launch_floor_s(model, spec.rollout_engine)
+    launch_s = decode_launch_floor_s(model, spec.rollout_engine, eager=spec.rollout_eager)
     allreduce_s = decode_tp_allreduce_s(system, model, recipe, concurrent, tp)
     step_s = max(memory_s, compute_s, gather, launch_s) + allreduce_s
     steps = decode_steps(waves, spec.gen_len, mean_len)
@@ -555,12 +573,15 @@ def decode_steps(waves: int, gen_len: int, mean_len: float) -> float:
     return (waves - 1) * mean_len + gen_len
 
 
-def decode_launch_floor_s(model: ModelSpec, engine: str) -> float:
-    """The host-side floor of one decode step: ``num_layers × EAGER_DECODE_LAYER_S`` for an engine
-    that launches each kernel from Python (``trainer``: HF ``generate``); 0 for engines that replay
-    a CUDA graph (``vllm``, ``hybrid``). The GPU runs behind the host, so the step is the larger of
-    this and its roofline (gpt-fast: "heavily CPU overhead bound", :data:`EAGER_DECODE_LAYER_S`)."""
-    return model.num_layers * EAGER_DECODE_LAYER_S if engine == "trainer" else 0.0
+def decode_launch_floor_s(model: ModelSpec, engine: str, *, eager: bool = False) -> float:
+    """The host-side floor of one decode step: ``num_layers × EAGER_DECODE_LAYER_S`` for HF
+    ``generate``'s module-by-module launches (``trainer``), ``num_layers ×
+    FUSED_EAGER_DECODE_LAYER_S`` for an inference engine's fused kernels launched eagerly
+    (``eager``), 0 for an engine that replays a CUDA graph. The GPU runs behind the host, so the
+    step is the larger of this and its roofline (gpt-fast: "heavily CPU overhead bound")."""
+    if engine == "trainer":
+        return model.num_layers * EAGER_DECODE_LAYER_S
+    return model.num_layers * FUSED_EAGER_DECODE_LAYER_S if eager else 0.0
 
 
 def decode_tp_allreduce_s(
