@@ -434,3 +434,5 @@ def test_eager_inference_kernels_have_their_own_floor() -> None:
     assert graph.decode_step_s < eager.decode_step_s
     with pytest.raises(TrainplanError, match="no rollout"):
         RLHFSpec(method="dpo", rollout_eager=True)
+    with pytest.raises(TrainplanError, match="always launches eagerly"):
+        RLHFSpec(method="ppo", prompt_len=8, gen_len=8, rollout_engine="trainer", rollout_eager=True)

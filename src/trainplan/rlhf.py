@@ -265,6 +265,12 @@ class RLHFSpec:
             raise RecipeError("rollout_tp", f"must be a positive integer, got {self.rollout_tp}")
         if m in ROLLOUT_METHODS and (self.prompt_len <= 0 or self.gen_len <= 0):
             raise RecipeError("gen_len", "prompt and generation lengths must be positive")
+        if self.rollout_eager and self.rollout_engine == "trainer":
+            raise RecipeError(
+                "rollout_eager",
+                "HF generate (--rollout-engine trainer) always launches eagerly and has its own floor; "
+                "drop --rollout-eager, or give an inference engine (vllm, hybrid)",
+            )
         if self.response_len_mean is not None:
             if not isinstance(self.response_len_mean, int) or self.response_len_mean <= 0:
                 raise RecipeError(
