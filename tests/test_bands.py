@@ -252,7 +252,7 @@ def test_plan_says_tie_within_error_when_bands_overlap(capsys: pytest.CaptureFix
         "--hardware",
         "h100-sxm",
         "--devices",
-        "8,16",
+        "8,12,16",  # 1.5x apart: inside the time band of one another
         "--tokens",
         "1e10",
         "--price",

@@ -327,6 +327,42 @@ def test_zero3_gather_units() -> None:
     assert C.zero3_gather_units(spec, per_param) == 12 * 10 + 4
 
 
+def test_per_parameter_vectors_are_gathered_on_their_own() -> None:
+    """Biases and norms are one-dimensional tensors of a few kilobytes, each its own call."""
+    from dataclasses import replace
+
+    from trainplan.models import load_model
+
+    spec = replace(load_model("gpt-22b"), num_layers=10)
+    h = spec.hidden_size
+    # per layer: qkv (3h), proj (h), fc1 (4h), fc2 (h) biases and two LayerNorms (w + b): 8 tensors
+    assert C.gather_vectors(spec, 10, "parameter") == (
+        8 * 10 + 2,
+        10 * (3 * h + h + 4 * h + h + 4 * h) + 2 * h,
+    )
+    assert C.gather_vectors(spec, 10, "block") == (0, 0.0)
+    llama = load_model("llama-3-8b")
+    assert C.gather_vectors(llama, 1, "parameter") == (2 + 1, 2 * llama.hidden_size + llama.hidden_size)
+
+
+def test_splitting_out_the_vectors_keeps_the_volume_and_the_call_count() -> None:
+    kw = dict(zero=3, param_bytes=4e9, grad_bytes=4e9, micro_batches=2, shard_size=64, gather_units=122)
+    whole = C.data_parallel_traffic(**kw, granularity="parameter")  # type: ignore[arg-type]
+    split = C.data_parallel_traffic(
+        **kw,  # type: ignore[arg-type]
+        granularity="parameter",
+        vector_units=82,
+        vector_fraction=1e-4,
+    )
+    for kind in ("all_gather", "reduce_scatter"):
+        for agg in (lambda t: float(t.calls) * float(t.buffer_bytes), lambda t: float(t.calls)):
+            a = sum(agg(t) for t in whole if t.kind == kind)
+            b = sum(agg(t) for t in split if t.kind == kind)
+            assert b == pytest.approx(a, rel=1e-12)
+    vectors = [t for t in split if "vector" in t.name and float(t.calls) > 0]
+    assert vectors and all(float(t.buffer_bytes) == pytest.approx(4e9 * 1e-4 / 82) for t in vectors)
+
+
 def test_per_parameter_granularity_only_with_zero3() -> None:
     with pytest.raises(LayoutError, match="--zero 3"):
         Layout(dp=8, zero=2, zero3_granularity="parameter")
@@ -350,21 +386,102 @@ def test_per_parameter_gathers_are_waited_on_and_regathered_for_recompute() -> N
     shard = C.place_group("s", 64, 1, 8)
     kw = dict(zero=3, param_bytes=4e9, grad_bytes=4e9, micro_batches=1, shard=shard, network=NET)
     block = C.data_parallel_collectives(**kw, gather_units=100)  # type: ignore[arg-type]
+    hbm = 2e12
     per_param = C.data_parallel_collectives(
         **kw,  # type: ignore[arg-type]
         gather_units=100,
         granularity="parameter",
         regather_for_recompute=True,
+        device_bytes_per_s=hbm,
     )
     assert [(c.kind, c.overlappable_with) for c in per_param] == [
         ("all_gather", "none"),
         ("all_gather", "none"),  # the reentrant recompute's forward hooks gather again
         ("all_gather", "none"),
-        ("reduce_scatter", "backward"),
+        ("reduce_scatter", "none"),  # the next fetch's device synchronize waits for it
     ]
-    # each list-based call copies one tensor per rank in or out of the flat buffer
+    # each list-based call copies one tensor per rank in or out of the flat buffer, and streams
+    # its buffer through device memory (zero-fill / list copies / in-place average)
     extra = per_param[-1].time_s - block[-1].time_s
-    assert extra == pytest.approx(100 * 64 * C.LIST_COLLECTIVE_COPY_S)
+    streamed = 100 * C.PER_PARAMETER_REDUCE_SCATTER_DEVICE_BYTES * (4e9 / 100) / hbm
+    assert extra == pytest.approx(100 * 64 * C.LIST_COLLECTIVE_COPY_S + streamed)
+    gathered = per_param[0].time_s - block[0].time_s
+    assert gathered == pytest.approx(
+        100 * 64 * C.LIST_COLLECTIVE_COPY_S + C.PER_PARAMETER_GATHER_DEVICE_BYTES * 4e9 / hbm
+    )
+
+
+def test_per_parameter_traffic_needs_the_device_memory_bandwidth() -> None:
+    shard = C.place_group("s", 64, 1, 8)
+    with pytest.raises(TrainplanError, match="device_bytes_per_s"):
+        C.data_parallel_collectives(
+            zero=3,
+            param_bytes=4e9,
+            grad_bytes=4e9,
+            micro_batches=1,
+            shard=shard,
+            network=NET,
+            gather_units=100,
+            granularity="parameter",
+        )
+
+
+# --- NCCL protocols ---------------------------------------------------------------------------
+_NV_UP = (300e9, 0.47e-6, 0.8)
+_NV_OUT = (25e9, 2.7e-6, 0.85)
+
+
+def _by_protocol(kind: C.CollectiveKind, n_bytes: float, n: int, n_l: int) -> dict[str, float]:
+    out = {}
+    for p in C.NCCL_RING_PROTOCOLS:
+        up, net = C._protocol_links(p, kind, n, n_l, _NV_UP, _NV_OUT)
+        out[p.name] = float(C.collective_time_s(kind, n_bytes, n, n_l, up, net)) + p.base_latency_s
+    return out
+
+
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_reduce"])
+def test_nccl_takes_the_fastest_protocol_per_message_size(kind: C.CollectiveKind) -> None:
+    """tuning.cc: the tuner times LL, LL128 and Simple and runs the fastest."""
+    n, n_l = 384, 8
+    for n_bytes in (2.4e4, 1e6, 3e8, 3e9):
+        t = float(C.collective_time_s(kind, n_bytes, n, n_l, _NV_UP, _NV_OUT, True))
+        assert t == pytest.approx(min(_by_protocol(kind, n_bytes, n, n_l).values()), rel=1e-12)
+    small = _by_protocol(kind, 2.4e4, n, n_l)
+    assert min(small, key=small.__getitem__) == "LL"  # a bias: latency-bound
+    large = _by_protocol(kind, 3e9, n, n_l)
+    assert min(large, key=large.__getitem__) != "LL"  # LL's quarter bandwidth loses on volume
+
+
+def test_nccl_protocols_raise_the_per_call_latency_of_large_rings() -> None:
+    """Against one LL latency per step, a large message pays LL128's or Simple's step latency,
+    which grows with the ring: at thousands of ranks it is milliseconds per call."""
+    for n in (384, 2240):
+        plain = float(C.collective_time_s("all_gather", 3e8, n, 8, _NV_UP, _NV_OUT))
+        nccl = float(C.collective_time_s("all_gather", 3e8, n, 8, _NV_UP, _NV_OUT, True))
+        assert nccl > plain
+    gap = {
+        n: float(C.collective_time_s("all_gather", 3e8, n, 8, _NV_UP, _NV_OUT, True))
+        - float(C.collective_time_s("all_gather", 3e8, n, 8, _NV_UP, _NV_OUT))
+        for n in (384, 2240)
+    }
+    assert gap[2240] > 3 * gap[384]
+    # one domain, one latency per step: the protocols never pay more than LL's latency + Simple's bandwidth
+    one = C.collective_time_s("all_gather", 1.0, 8, 8, _NV_UP, _NV_UP, True)
+    assert one == pytest.approx(min(_by_protocol("all_gather", 1.0, 8, 8).values()))
+
+
+def test_nccl_protocols_are_on_for_nvlink_gpus_only() -> None:
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+
+    assert C.network_from_system(System(accelerator=get_accelerator("a100-80gb"), num_devices=16)).protocols
+    tpu = get_accelerator("tpu-v5p")
+    assert not C.network_from_system(System(accelerator=tpu, num_devices=16)).protocols
+    # point-to-point and all-to-all keep one latency per step
+    for kind in ("send_recv", "all_to_all"):
+        assert C.collective_time_s(kind, 1e6, 16, 8, _NV_UP, _NV_OUT, True) == C.collective_time_s(
+            kind, 1e6, 16, 8, _NV_UP, _NV_OUT
+        )
 
 
 def test_per_parameter_zero3_is_slower_and_scales_worse() -> None:

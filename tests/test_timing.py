@@ -142,12 +142,7 @@ def test_korthikanti_table5_each_row_and_the_ratio() -> None:
         assert abs(ratio_err) <= 0.05, size
 
 
-KNOWN_MISRANKED: dict[tuple[str, str], str] = {
-    ("megatron2021-t2-ptd-174.6b-384gpu", "megatron2021-t2-zero3-174.6b-384gpu"): (
-        "published gap 6% (76.8 s vs 81.6 s), inside the model's error on these rows: the PTD row "
-        "is 3% fast and the per-parameter ZeRO-3 model 16% fast; docs/timing.md"
-    ),
-}
+KNOWN_MISRANKED: dict[tuple[str, str], str] = {}
 """Published pairs the model ranks the wrong way round, each with its reason (docs/timing.md)."""
 
 

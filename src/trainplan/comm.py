@@ -36,6 +36,22 @@ hierarchical all-reduce; Ying et al. 2018, 2D all-reduce on TPU pods). NCCL choo
 tree, NVLS and CollNet at run time; modelling every collective as ring / hierarchical ring is a
 simplification (NVLS all-reduce on 8 H100 reaches a higher bus bandwidth than the ring).
 
+Protocols (NCCL)
+----------------
+On a network that NCCL drives (``Network.protocols``: NVIDIA GPUs with NVLink), every ring
+all-reduce, all-gather and reduce-scatter is timed under each of NCCL's three protocols and the
+fastest is taken, as NCCL's own tuner does per message size (NVIDIA/nccl ``src/graph/tuning.cc``
+``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime``, @01afd20; protocols described in Hu et al. 2025,
+"Demystifying NCCL", arXiv:2507.04786, Sec. 4): ``LL`` (8-byte flag+data lines: lowest latency,
+a quarter of the bandwidth across nodes, a third inside one), ``LL128`` (128-byte lines, 120 bytes
+of data: 0.92 of the bandwidth, 0.7 with one rank per node) and ``Simple`` (full bandwidth, the
+highest per-step latency). Per step the latency of a protocol is the catalog's (NCCL's LL value)
+times ``hwLat[protocol] / hwLat[LL]`` of that link type, plus the protocol's base latency
+(:data:`NCCL_RING_PROTOCOLS`). Small messages are latency-bound and go LL; large ones pay the
+higher per-step latency of LL128 or Simple, which at hundreds of ranks is milliseconds per call.
+Not modelled: the per-channel LL128 bandwidth cap (``ll128MaxBwPerCh``), tree all-reduce, the
+Simple ring "plateau" factor. Send/recv and all-to-all (grouped point-to-point) keep one latency.
+
 Rank order
 ----------
 Megatron-LM's default order ``tp-cp-ep-dp-pp``: tp varies fastest, then cp, then dp (ep is carved
@@ -77,6 +93,41 @@ SCALE_OUT_EFFICIENCY: Final = 0.85
 # of NCCL per-hop latency: a few microseconds on NVLink, ~10 us across an IB fabric), kept explicit.
 DEFAULT_SCALE_UP_LATENCY_S: Final = 3e-6
 DEFAULT_SCALE_OUT_LATENCY_S: Final = 10e-6
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcclProtocol:
+    """One NCCL ring protocol: its base latency, its per-step latency relative to LL on NVLink
+    and on the network, and the fraction of the link bandwidth it carries as data."""
+
+    name: str
+    base_latency_s: float
+    scale_up_step_ratio: float  # hwLat[NVLINK][RING][p] / hwLat[NVLINK][RING][LL]
+    scale_out_step_ratio: float  # hwLat[NET][RING][p] / hwLat[NET][RING][LL]
+
+
+_NCCL_TUNING_SRC: Final = (
+    "NVIDIA/nccl src/graph/tuning.cc @01afd20a77b5804e0ecf1042509dd9d20ebf9e93: baseLat Ring "
+    "{LL 3.6, LL128 10.0, Simple 8.4} us; hwLat Ring NVLINK {.47, 1.9, 3.4}, NET {2.7, 4.0, 9.6} us"
+)
+NCCL_RING_PROTOCOLS: Final = (
+    NcclProtocol(name="LL", base_latency_s=3.6e-6, scale_up_step_ratio=1.0, scale_out_step_ratio=1.0),
+    NcclProtocol(
+        name="LL128", base_latency_s=10.0e-6, scale_up_step_ratio=1.9 / 0.47, scale_out_step_ratio=4.0 / 2.7
+    ),
+    NcclProtocol(
+        name="Simple", base_latency_s=8.4e-6, scale_up_step_ratio=3.4 / 0.47, scale_out_step_ratio=9.6 / 2.7
+    ),
+)
+"""NCCL's ring protocols (:data:`_NCCL_TUNING_SRC`); bandwidth fractions in :func:`_protocol_links`."""
+# tuning.cc: LL carries 1/4 of the bus bandwidth across nodes or in an all-reduce, 1/3 otherwise;
+# LL128 0.92 (120 of 128 bytes), 0.7 with fewer than 2 ranks per node; an LL step inside a node
+# costs 1.8x its NVLink latency once the communicator spans nodes.
+LL_BANDWIDTH_MULTI_NODE: Final = 1.0 / 4.0
+LL_BANDWIDTH_ONE_NODE: Final = 1.0 / 3.0
+LL128_BANDWIDTH: Final = 0.92
+LL128_BANDWIDTH_ONE_PER_NODE: Final = 0.7
+LL_INTRA_LATENCY_MULTI_NODE: Final = 1.8
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,15 +177,64 @@ def flat_time_s(kind: CollectiveKind, n_bytes: Num, group: Int, link: Link) -> N
     return where(volume == 0.0, 0.0, _steps(kind, group) * lat + volume / (bw * eff))
 
 
+def _protocol_links(
+    p: NcclProtocol, kind: CollectiveKind, group: Int, n_local: Int, up: Link, out: Link
+) -> tuple[Link, Link]:
+    """``up`` and ``out`` as protocol ``p`` sees them: per-step latency scaled by the protocol's
+    ratio, efficiency by its bandwidth fraction (tuning.cc ``ncclTopoTuneModel``)."""
+    multi = n_local < group
+    if p.name == "LL":
+        frac: Num = (
+            LL_BANDWIDTH_MULTI_NODE
+            if kind == "all_reduce"
+            else where(multi, LL_BANDWIDTH_MULTI_NODE, LL_BANDWIDTH_ONE_NODE)
+        )
+        up_ratio: Num = where(multi, LL_INTRA_LATENCY_MULTI_NODE, 1.0)
+    elif p.name == "LL128":
+        frac = where(n_local < 2, LL128_BANDWIDTH_ONE_PER_NODE, LL128_BANDWIDTH)
+        up_ratio = p.scale_up_step_ratio
+    else:
+        frac, up_ratio = 1.0, p.scale_up_step_ratio
+    return (
+        (up[0], up[1] * up_ratio, up[2] * frac),
+        (out[0], out[1] * p.scale_out_step_ratio, out[2] * frac),
+    )
+
+
 def collective_time_s(
-    kind: CollectiveKind, n_bytes: Num, group: Int, n_local: Int, up: Link, out: Link
+    kind: CollectiveKind,
+    n_bytes: Num,
+    group: Int,
+    n_local: Int,
+    up: Link,
+    out: Link,
+    protocols: Bool = False,
 ) -> Num:
     """A collective over ``group`` ranks, ``n_local`` of them in each scale-up domain (the two-level
     formulas of :func:`hierarchical_s`, which documents them), over ``Num``.
 
+    ``protocols`` (NCCL networks, module docstring "Protocols"): an all-reduce, all-gather or
+    reduce-scatter takes the fastest of :data:`NCCL_RING_PROTOCOLS`, each adding its base latency
+    to the two-level time under its own per-step latency and bandwidth fraction.
+
     ``out`` may be any link when the group stays in one domain (``n_local == group``): no term
     reads it then. 0 for a group of one rank or an empty buffer.
     """
+    plain = _two_level_s(kind, n_bytes, group, n_local, up, out)
+    if (protocols is False) or kind in ("send_recv", "all_to_all"):
+        return plain
+    best: Num | None = None
+    for p in NCCL_RING_PROTOCOLS:
+        up_p, out_p = _protocol_links(p, kind, group, n_local, up, out)
+        t = _two_level_s(kind, n_bytes, group, n_local, up_p, out_p)
+        t = where(t > 0.0, t + p.base_latency_s, 0.0)
+        best = t if best is None else minimum(best, t)
+    assert best is not None
+    return where(protocols, best, plain)
+
+
+def _two_level_s(kind: CollectiveKind, n_bytes: Num, group: Int, n_local: Int, up: Link, out: Link) -> Num:
+    """:func:`collective_time_s` under one latency and efficiency per level."""
     n_l = n_local
     n_o = ceil_div(group, n_l)
     inside = n_o == 1
@@ -442,10 +542,14 @@ def group_shapes(tp: Int, cp: Int, dp: Int, ep: Int, pp: Int) -> dict[str, tuple
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Network:
-    """The two levels a chip sees. ``scale_out`` is None for a single-domain system."""
+    """The two levels a chip sees. ``scale_out`` is None for a single-domain system.
+
+    ``protocols``: NCCL drives the links and picks its ring protocol per message size
+    (:func:`collective_time_s`); False: one latency per step, the catalog's."""
 
     scale_up: LinkLevel
     scale_out: LinkLevel | None = None
+    protocols: bool = False
 
     def time_s(self, kind: CollectiveKind, n_bytes: float, placement: GroupPlacement) -> float:
         """Time of one collective of ``kind`` with an ``n_bytes`` buffer over the placed group."""
@@ -455,7 +559,9 @@ class Network:
             raise TrainplanError("n_bytes", f"must be >= 0, got {n_bytes}")
         up = self.scale_up.link
         if placement.level == "scale_up":  # the links were checked when built (LinkLevel)
-            return float(collective_time_s(kind, n_bytes, placement.size, placement.size, up, up))
+            return float(
+                collective_time_s(kind, n_bytes, placement.size, placement.size, up, up, self.protocols)
+            )
         if self.scale_out is None:
             raise CatalogError(
                 "scale_out",
@@ -464,7 +570,13 @@ class Network:
             )
         return float(
             collective_time_s(
-                kind, n_bytes, placement.size, placement.ranks_per_domain, up, self.scale_out.link
+                kind,
+                n_bytes,
+                placement.size,
+                placement.ranks_per_domain,
+                up,
+                self.scale_out.link,
+                self.protocols,
             )
         )
 
@@ -494,6 +606,10 @@ def network_from_system(
     Efficiency precedence: argument, then the link's own, then :data:`SCALE_UP_EFFICIENCY` /
     :data:`SCALE_OUT_EFFICIENCY`. A system without scale-up links (PCIe-only cards) should describe
     PCIe as its scale-up link.
+
+    ``protocols`` (NCCL's per-size protocol choice) is on for NVIDIA accelerators whose scale-up
+    link is NVLink: NCCL is their collective library, and it enables LL128 only over NVLink
+    (tuning.cc: ``typeIntra <= PATH_NVL``); PCIe-only cards and other vendors keep one latency.
     """
     up_link = _system_link(system, "scale_up")
     if up_link is None:
@@ -505,7 +621,9 @@ def network_from_system(
         out = _level_from_link(
             out_link, DEFAULT_SCALE_OUT_LATENCY_S, scale_out_efficiency, SCALE_OUT_EFFICIENCY
         )
-    return Network(scale_up=up, scale_out=out)
+    vendor = str(_attr(_attr(system, "accelerator"), "vendor") or _attr(system, "vendor") or "")
+    nvlink = "nvlink" in str(_attr(up_link, "name") or "").lower()
+    return Network(scale_up=up, scale_out=out, protocols=vendor.upper() == "NVIDIA" and nvlink)
 
 
 # --------------------------------------------------------------------------------------------
@@ -559,6 +677,20 @@ class Traffic:
     calls: Num
     copies_per_call_s: Num = 0.0
     phase: Phase | None = None
+    device_bytes_per_byte: float = 0.0
+    """Device-memory bytes the call's own kernels stream per buffer byte (zero-fills, the
+    flatten / unflatten copies of list-based collectives), timed at the device's achievable
+    memory bandwidth by :func:`call_time_s`."""
+
+
+def call_time_s(t: Traffic, network_s: Num, buffer_bytes: Num, device_bytes_per_s: Num) -> Num:
+    """Seconds of one call of ``t``: its network time plus ``device_bytes_per_byte · buffer /
+    device_bytes_per_s`` (memory-bound kernels, roofline: Williams et al. 2009); 0 stays 0."""
+    if t.device_bytes_per_byte == 0.0:
+        return network_s
+    return where(
+        network_s > 0.0, network_s + t.device_bytes_per_byte * buffer_bytes / device_bytes_per_s, 0.0
+    )
 
 
 def traffic_time_s(t: Traffic, per_call_s: Num) -> Num:
@@ -569,9 +701,15 @@ def traffic_time_s(t: Traffic, per_call_s: Num) -> Num:
 
 
 def timed_collectives(
-    traffic: tuple[Traffic, ...], network: Network, placements: Mapping[str, GroupPlacement]
+    traffic: tuple[Traffic, ...],
+    network: Network,
+    placements: Mapping[str, GroupPlacement],
+    device_bytes_per_s: float = 0.0,
 ) -> tuple[Collective, ...]:
-    """The traffic a scalar layout issues (calls > 0 on a group of more than one rank), timed."""
+    """The traffic a scalar layout issues (calls > 0 on a group of more than one rank), timed.
+
+    ``device_bytes_per_s``: achievable device-memory bandwidth, needed by traffic that streams
+    device memory of its own (:attr:`Traffic.device_bytes_per_byte`)."""
     out: list[Collective] = []
     for t in traffic:
         pl = placements[t.group]
@@ -579,7 +717,12 @@ def timed_collectives(
         if calls <= 0 or pl.size <= 1:
             continue
         buffer = float(t.buffer_bytes)
-        per_call = network.time_s(t.kind, buffer, pl)
+        if t.device_bytes_per_byte and not device_bytes_per_s > 0:
+            raise TrainplanError(
+                "device_bytes_per_s",
+                f"{t.name} streams device memory of its own: give the device's memory bandwidth",
+            )
+        per_call = float(call_time_s(t, network.time_s(t.kind, buffer, pl), buffer, device_bytes_per_s))
         out.append(
             Collective(
                 name=t.name,
@@ -603,7 +746,9 @@ _ZERO_SRC = "Rajbhandari et al. 2020 (ZeRO), Sec. 7: DDP/ZeRO-1/2 move 2Ψ per s
 _PER_PARAMETER_SRC = (
     "DeepSpeed 2021 ZeRO-3 (microsoft/DeepSpeed@429dfa6, deepspeed/runtime/zero/stage3.py "
     "fetch_sub_module, partition_parameters.py _allgather_param / _reduce_scatter_gradient): one "
-    "list-based collective per parameter tensor, gathers waited on before the module runs"
+    "list-based collective per parameter tensor, gathers waited on before the module runs; "
+    "torch.cuda.synchronize() before each gather (_allgather_param) and after each fetch "
+    "(_synchronize_communication) also waits for the reduce-scatters on the reduction stream"
 )
 
 # Host-side cost per rank of a list-based collective: ``torch.distributed.all_gather`` with a list
@@ -614,6 +759,20 @@ _PER_PARAMETER_SRC = (
 # 3.8 us per kernel, launch included (NVIDIA Technical Blog, A. Gray, "Getting Started with CUDA
 # Graphs", 2019: 3.8 us per short kernel when launches overlap execution).
 LIST_COLLECTIVE_COPY_S: Final = 3.8e-6
+
+# Device-memory bytes per buffer byte that DeepSpeed 2021's per-parameter path streams around each
+# collective (microsoft/DeepSpeed@429dfa6), besides the network transfer:
+# * gather, 4: ``_allgather_param`` zero-fills the flat output (``torch.zeros``: write S) and
+#   synchronizes the device before launching; ProcessGroupNCCL's list ``all_gather`` copies the
+#   flat NCCL output out to the n per-rank views (read S, write S); ``fetch_sub_module`` then
+#   evaluates ``param.norm()`` of every fetched parameter inside a debug f-string that is built
+#   whether or not it is printed (stage3.py, "Param id ... norm {param.norm()}": read S);
+# * reduce-scatter, 4: ``average_tensor`` divides the bucket by the group size in place
+#   (``tensor.div_``: read S, write S) and ProcessGroupNCCL's list ``reduce_scatter`` flattens the
+#   n per-rank inputs into one NCCL input (read S, write S). The copy into the contiguous gradient
+#   bucket is left out (DeepSpeed skips it for tensors above ``reduce_bucket_size``).
+PER_PARAMETER_GATHER_DEVICE_BYTES: Final = 4.0
+PER_PARAMETER_REDUCE_SCATTER_DEVICE_BYTES: Final = 4.0
 
 
 def data_parallel_traffic(
@@ -629,6 +788,8 @@ def data_parallel_traffic(
     gather_units: Int = 1,
     granularity: str = "block",
     regather_for_recompute: Bool = False,
+    vector_units: Int = 0,
+    vector_fraction: Num = 0.0,
 ) -> tuple[Traffic, ...]:
     """Gradient / parameter traffic of data parallelism on one device per step.
 
@@ -653,8 +814,22 @@ def data_parallel_traffic(
         tensors): each gather is waited on before the module runs, so gathers are exposed
         ("none"); with ``regather_for_recompute`` (reentrant full recompute re-runs the module's
         forward hooks, which gather and release again) there is a third gather per micro-batch;
-        each list-based call adds n · :data:`LIST_COLLECTIVE_COPY_S` of per-rank copies. The
-        gradient reduce-scatters run on a side stream behind the backward.
+        each list-based call adds n · :data:`LIST_COLLECTIVE_COPY_S` of per-rank copies and
+        streams :data:`PER_PARAMETER_GATHER_DEVICE_BYTES` (gathers) or
+        :data:`PER_PARAMETER_REDUCE_SCATTER_DEVICE_BYTES` (reduce-scatters) bytes of device memory
+        per buffer byte (zero-fill, list copies, a debug ``param.norm()``, the in-place average). The
+        gradient reduce-scatters run on a side stream (stage3.py ``reduction_stream``) but are on
+        the critical path all the same: the next module's fetch synchronizes the whole device
+        (``torch.cuda.synchronize()`` in ``_allgather_param`` and ``_synchronize_communication``),
+        which waits for them, and they share the data-parallel group's one NCCL stream with the
+        gathers (``torch.distributed`` ProcessGroupNCCL: one stream per device per group), so no
+        compute of the backward hides them ("none"). The one-parameter prefetch
+        (``stage3_prefetch_bucket_size`` = 5e7 elements, reached by the first weight matrix) is
+        not credited. Of the ``gather_units`` tensors, ``vector_units`` are one-dimensional
+        (biases, norms: :func:`trainplan.models.params.layer_vector_tensors`) and hold
+        ``vector_fraction`` of the bytes: they are gathered and reduced in calls of their own
+        (``*_vector_*``, a few kilobytes each, in the latency regime), the weight matrices share
+        the rest of the volume.
     """
     m = micro_batches
     u = gather_units
@@ -663,20 +838,47 @@ def data_parallel_traffic(
     z3 = zero == 3
     src3 = _PER_PARAMETER_SRC if per_param else _ZERO_SRC
     copies_s = shard_size * LIST_COLLECTIVE_COPY_S if per_param else 0.0
-    calls3 = where(z3, m * u, 0)
+    v = vector_units if per_param else 0
+    f = vector_fraction if per_param else 0.0
+    calls3 = where(z3, m * (u - v), 0)
+    vector_calls3 = where(z3, m * v, 0)
 
-    def gather3(phase: str, overlap: Overlap, calls: Num) -> Traffic:
+    def gather3(phase: str, overlap: Overlap, calls: Num, vector: bool = False) -> Traffic:
+        share = f / maximum(v, 1) if vector else (1.0 - f) / maximum(u - v, 1)
         return Traffic(
-            name=f"{prefix}_fsdp_{phase}_all_gather",
+            name=f"{prefix}_fsdp_{phase}_{'vector_' if vector else ''}all_gather",
             kind="all_gather",
             group=group,
             overlap=overlap,
             source=src3,
-            buffer_bytes=param_bytes / u,
+            buffer_bytes=param_bytes * share,
             calls=calls,
             copies_per_call_s=copies_s,
+            device_bytes_per_byte=PER_PARAMETER_GATHER_DEVICE_BYTES if per_param else 0.0,
         )
 
+    def reduce3(calls: Num, vector: bool = False) -> Traffic:
+        share = f / maximum(v, 1) if vector else (1.0 - f) / maximum(u - v, 1)
+        return Traffic(
+            name=f"{prefix}_fsdp_grad_{'vector_' if vector else ''}reduce_scatter",
+            kind="reduce_scatter",
+            group=group,
+            overlap="none" if per_param else "backward",
+            source=src3,
+            buffer_bytes=grad_bytes * share,
+            calls=calls,
+            copies_per_call_s=copies_s,
+            device_bytes_per_byte=PER_PARAMETER_REDUCE_SCATTER_DEVICE_BYTES if per_param else 0.0,
+        )
+
+    vectors: tuple[Traffic, ...] = ()
+    if per_param:
+        vectors = (
+            gather3("forward", "none", vector_calls3, vector=True),
+            gather3("recompute", "none", where(regather_for_recompute, vector_calls3, 0), vector=True),
+            gather3("backward", "none", vector_calls3, vector=True),
+            reduce3(vector_calls3, vector=True),
+        )
     return (
         Traffic(
             name=f"{prefix}_grad_all_reduce",
@@ -708,16 +910,8 @@ def data_parallel_traffic(
         gather3("forward", "none" if per_param else "forward", calls3),
         gather3("recompute", "none", where(regather_for_recompute, calls3, 0) if per_param else 0),
         gather3("backward", "none" if per_param else "backward", calls3),
-        Traffic(
-            name=f"{prefix}_fsdp_grad_reduce_scatter",
-            kind="reduce_scatter",
-            group=group,
-            overlap="backward",
-            source=src3,
-            buffer_bytes=grad_bytes / u,
-            calls=calls3,
-            copies_per_call_s=copies_s,
-        ),
+        reduce3(calls3),
+        *vectors,
     )
 
 
@@ -734,8 +928,12 @@ def data_parallel_collectives(
     gather_units: int = 1,
     granularity: str = "block",
     regather_for_recompute: bool = False,
+    device_bytes_per_s: float = 0.0,
+    vector_units: int = 0,
+    vector_fraction: float = 0.0,
 ) -> tuple[Collective, ...]:
-    """:func:`data_parallel_traffic` of one layout, timed on ``network`` over the ``shard`` group."""
+    """:func:`data_parallel_traffic` of one layout, timed on ``network`` over the ``shard`` group
+    (``device_bytes_per_s``: the device's memory bandwidth, needed by per-parameter ZeRO-3)."""
     if gather_units < 1:
         raise TrainplanError("gather_units", f"must be a positive integer, got {gather_units}")
     traffic = data_parallel_traffic(
@@ -749,8 +947,10 @@ def data_parallel_collectives(
         gather_units=gather_units,
         granularity=granularity,
         regather_for_recompute=regather_for_recompute,
+        vector_units=vector_units,
+        vector_fraction=vector_fraction,
     )
-    return timed_collectives(traffic, network, {"shard": shard})
+    return timed_collectives(traffic, network, {"shard": shard}, device_bytes_per_s)
 
 
 _TP_SRC = (
@@ -1048,6 +1248,20 @@ def gather_units(spec: ModelSpec, layers: Int, granularity: str) -> Int:
     return layers * per_layer + root_parameter_tensors(spec)
 
 
+def gather_vectors(spec: ModelSpec, layers: Int, granularity: str) -> tuple[Int, Num]:
+    """(tensors, elements) of the one-dimensional parameters among :func:`gather_units`: biases
+    and norms of ``layers`` layers (the layer with the most tensors, as :func:`gather_units`
+    counts) and the final norm; (0, 0) for ``"block"``, whose units hold whole blocks."""
+    if granularity == "block":
+        return 0, 0.0
+    from trainplan.models.params import layer_parameter_tensors, layer_vector_tensors, root_vector_tensors
+
+    widest = max(range(spec.num_layers), key=lambda i: layer_parameter_tensors(spec, i))
+    count, elements = layer_vector_tensors(spec, widest)
+    root_count, root_elements = root_vector_tensors(spec)
+    return layers * count + root_count, as_float(layers) * float(elements) + float(root_elements)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrafficInputs:
     """The numbers :func:`step_traffic` reads, floats for one layout or arrays for many.
@@ -1099,9 +1313,16 @@ def step_traffic(
     m = x.micro_batches
     layers = ceil_div(spec.num_layers, pp)
     units = gather_units(spec, layers, x.granularity)
+    vector_units, vector_elements = gather_vectors(spec, layers, x.granularity)
     shard = x.dp * cp
     sized = with_buffers
     tpp = as_float(tp * pp) if sized else 1.0
+    # the stage's share of the model's dense parameters that are biases and norms (tp-sharded
+    # like the rest: an approximation for the replicated norms)
+    dense_on_stage = x.dense_params / as_float(pp)
+    vector_fraction = (
+        minimum(1.0, vector_elements / maximum(dense_on_stage, 1.0)) if x.granularity != "block" else 0.0
+    )
     out: list[Traffic] = []
     out += data_parallel_traffic(
         zero=x.zero,
@@ -1113,6 +1334,8 @@ def step_traffic(
         gather_units=units,
         granularity=x.granularity,
         regather_for_recompute=x.regather_for_recompute,
+        vector_units=vector_units,
+        vector_fraction=vector_fraction,
     )
     if spec.moe is not None:
         tppe = as_float(tp * pp * ep) if sized else 1.0
@@ -1185,10 +1408,12 @@ def step_collectives(
     micro_batches: int = 1,
     capacity_factor: float = 1.0,
     overlap_param_gather: bool = False,
+    device_bytes_per_s: float = 0.0,
 ) -> tuple[Collective, ...]:
     """Every collective of one step on a device of the busiest pipeline stage (:func:`step_traffic`
     of the layout, timed on ``network``). Trainable counts default to the full counts (PEFT: pass
-    the adapter counts)."""
+    the adapter counts); ``device_bytes_per_s``: the device's achievable memory bandwidth
+    (:func:`timed_collectives`)."""
     e = BYTES_PER_ELEMENT[recipe.weight_dtype]
     traffic = step_traffic(
         spec,
@@ -1221,4 +1446,4 @@ def step_collectives(
             capacity_factor=capacity_factor,
         ),
     )
-    return timed_collectives(traffic, network, placements)
+    return timed_collectives(traffic, network, placements, device_bytes_per_s)

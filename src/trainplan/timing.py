@@ -800,6 +800,7 @@ def step_time(
         trainable_dense_params=trainable_dense,
         trainable_expert_params=trainable_expert,
         micro_batches=m,
+        device_bytes_per_s=bw,
     )
     # Optimizer step on the device (memory-bound), or offloaded to the CPU.
     mem = memory if memory is not None else memory_breakdown(model, recipe, layout, num_microbatches=m)

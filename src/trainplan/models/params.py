@@ -380,6 +380,53 @@ def layer_parameter_tensors(spec: ModelSpec, layer: int) -> int:
     return attn + norms + ffn
 
 
+def layer_vector_tensors(spec: ModelSpec, layer: int) -> tuple[int, int]:
+    """(tensors, elements) of the one-dimensional parameters of decoder layer ``layer``: its
+    biases and norm weights (and an MoE shared-expert gate, a 1 × h weight), unsharded.
+
+    A per-parameter ZeRO-3 gathers each of them in a collective of its own; they are a few
+    kilobytes each, latency-bound (``comm.data_parallel_traffic``). Counted as
+    :func:`layer_parameter_tensors` counts them: Megatron GPT has 8 (qkv, proj, fc1, fc2 biases,
+    two LayerNorms' weight and bias) of its 12 tensors."""
+    _check_layer(spec, layer)
+    h = spec.hidden_size
+    fused = spec.family in FUSED_QKV_FAMILIES
+    count = elements = 0
+    if spec.qkv_bias:
+        count += 1 if fused else 3
+        elements += spec.q_dim + 2 * spec.kv_dim
+    if spec.attn_out_bias:
+        count, elements = count + 1, elements + h
+    if spec.qk_norm:
+        count += 2 * _norm_tensors(spec)
+        if spec.qk_norm_full_width:
+            elements += norm_params(spec.norm, spec.q_dim) + norm_params(spec.norm, spec.kv_dim)
+        else:
+            elements += 2 * norm_params(spec.norm, spec.head_dim)
+    count += 2 * (2 if spec.post_norms else 1) * _norm_tensors(spec)
+    elements += 2 * _sublayer_norms(spec)
+    n_mlp = 3 if spec.gated else 2
+    moe = spec.moe
+    if moe is not None and spec.is_moe_layer(layer):
+        if moe.router_bias:
+            count, elements = count + 1, elements + moe.num_experts
+        if spec.mlp_bias:
+            count += (moe.num_experts + moe.num_shared_experts) * n_mlp
+            elements += moe.num_experts * ((n_mlp - 1) * moe.expert_ffn_hidden + h)
+            elements += moe.num_shared_experts * ((n_mlp - 1) * moe.shared_width + h)
+        if moe.shared_expert_gate:
+            count, elements = count + 1, elements + h
+    elif spec.mlp_bias:
+        count += n_mlp
+        elements += (n_mlp - 1) * spec.ffn_hidden + h
+    return count, elements
+
+
+def root_vector_tensors(spec: ModelSpec) -> tuple[int, int]:
+    """(tensors, elements) of the one-dimensional parameters outside the layers: the final norm."""
+    return _norm_tensors(spec), norm_params(spec.norm, spec.hidden_size)
+
+
 def root_parameter_tensors(spec: ModelSpec) -> int:
     """Parameter tensors outside the decoder layers: token embedding, learned positions, final norm,
     an untied LM head and OPT-350M's ``project_in`` / ``project_out``."""

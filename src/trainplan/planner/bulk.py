@@ -64,6 +64,7 @@ import numpy.typing as npt
 from trainplan.comm import (
     Traffic,
     TrafficInputs,
+    call_time_s,
     collective_time_s,
     group_shapes,
     network_from_system,
@@ -648,6 +649,7 @@ class _Accel:
     kappa: float
     up: tuple[float, float, float]  # bandwidth, latency, efficiency
     out: tuple[float, float, float] | None
+    protocols: bool  # comm.Network.protocols: NCCL's per-size protocol choice
     domain: int
     host_bw: float
     price: float | None
@@ -695,6 +697,7 @@ def accel_constants(acc: Accelerator, recipe: Recipe, price: float | None) -> _A
         kappa=kappa,
         up=up,
         out=out,
+        protocols=net.protocols,
         domain=acc.scale_up.domain_size,
         host_bw=host.bandwidth_bytes_per_s if host is not None else 0.0,
         price=price,
@@ -1058,6 +1061,7 @@ class BulkEvaluator:
                 ("out_bw", np.nan),
                 ("out_lat", 0.0),
                 ("out_eff", 1.0),
+                ("protocols", 0.0),
                 ("domain", 1.0),
                 ("host_bw", 0.0),
                 ("price", np.nan),
@@ -1077,6 +1081,7 @@ class BulkEvaluator:
             tabs["up_bw"][a, p], tabs["up_lat"][a, p], tabs["up_eff"][a, p] = ax.up
             if ax.out is not None:
                 tabs["out_bw"][a, p], tabs["out_lat"][a, p], tabs["out_eff"][a, p] = ax.out
+            tabs["protocols"][a, p] = float(ax.protocols)
             tabs["domain"][a, p] = ax.domain
             tabs["host_bw"][a, p] = ax.host_bw
             if ax.price is not None:
@@ -1553,6 +1558,7 @@ class BulkEvaluator:
             np.where(none, u, o)
             for u, o in zip(up, (col("out_bw"), col("out_lat"), col("out_eff")), strict=True)
         )
+        protocols = col("protocols") > 0.0
         shapes = group_shapes(tp, cp, dp, ep, pp)
         placed: dict[str, tuple[IntArray, IntArray]] = {}
         out: dict[str, FloatArray] = {}
@@ -1565,7 +1571,14 @@ class BulkEvaluator:
             if not bool((size > 1).any()):
                 continue  # every group of this kind is one rank: nothing moves
             nbytes = np.broadcast_to(np.asarray(t.buffer_bytes, dtype=np.float64), (n,))
-            per_call = np.asarray(collective_time_s(t.kind, nbytes, size, local, up, cast(Any, out_link)))
+            per_call = np.asarray(
+                call_time_s(
+                    t,
+                    collective_time_s(t.kind, nbytes, size, local, up, cast(Any, out_link), protocols),
+                    nbytes,
+                    col("bw"),
+                )
+            )
             if per_call.any():
                 out[t.name] = per_call
         return out, of
