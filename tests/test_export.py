@@ -8,6 +8,7 @@ Accelerate 1.15.0 ``accelerate launch`` config handling, torch's ``torchrun`` ar
 
 from __future__ import annotations
 
+import abc
 import importlib.util
 import json
 import sys
@@ -421,7 +422,11 @@ def test_every_target_writes_parseable_text(target: str) -> None:
     ("target", "plan", "field"),
     [
         ("torchtitan", {"recipe": {"method": "qlora"}}, "method"),
-        ("torchtitan", {"model": "llama-2-7b"}, "model"),
+        ("torchtitan", {"model": "qwen2.5-7b"}, "model"),
+        ("torchtitan", {"model": "gemma-2-9b"}, "model"),
+        ("torchtitan", {"model": "qwen1.5-moe-a2.7b"}, "model"),
+        ("torchtitan", {"model": "mistral-7b", "recipe": {"seq_len": 8192}}, "seq_len"),
+        ("torchtitan", {"model": "llama-3.2-1b", "pp": 2}, "pp"),
         ("torchtitan", {"recipe": {"precision": "fp16"}}, "precision"),
         ("torchtitan", {"zero": 1}, "zero"),
         ("torchtitan", {"tp": 2}, "sequence_parallel"),
@@ -474,10 +479,155 @@ def test_unknown_target_and_moe_ep_for_deepspeed() -> None:
 
 def test_torchtitan_flavor_dims_match_presets() -> None:
     """The flavor table reproduces torchtitan's FFN arithmetic for the Llama 3 flavors."""
-    assert tt_export.find_flavor(load_model("llama-3.1-8b")).flavor == "8B"
-    assert tt_export.find_flavor(load_model("llama-3.1-70b")).flavor == "70B"
-    assert tt_export.find_flavor(load_model("llama-3.1-405b")).flavor == "405B"
-    assert tt_export.find_flavor(load_model("qwen3-30b-a3b")).flavor == "30B-A3B"
+    for name, flavor in (
+        ("llama-3.1-8b", "8B"),
+        ("llama-3.1-70b", "70B"),
+        ("llama-3.1-405b", "405B"),
+        ("qwen3-30b-a3b", "30B-A3B"),
+    ):
+        found = tt_export.find_flavor(load_model(name))
+        assert found is not None and found.flavor == flavor
+        assert not export_plan("torchtitan", *_plan(name, 8, zero=3)).files
+
+
+class _Absent(abc.ABCMeta):
+    """Stand-in classes for packages absent here: any attribute is another stand-in, and calling
+    one (a decorator such as ``triton.jit``) returns its argument."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Absent(name, (), {})
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return args[0] if len(args) == 1 and not kwargs else cls
+
+
+class _AbsentModule(types.ModuleType):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.__path__: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Absent(name, (), {})
+
+
+def _torchtitan_models(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """torchtitan's train-spec registry with its llama3 and qwen3 models importable. Their
+    ``__init__`` modules import a training machine's data, tokenizer, logging and GPU-kernel packages
+    (datasets, tokenizers, torchdata, tensorboard; triton for the MoE permutation kernel); building a model on the meta device
+    uses none of them, so those not installed are stand-ins for this test only."""
+    _torchtitan_config_manager()
+    import torch.utils.data
+
+    stubs = ["datasets", "datasets.distributed", "tokenizers"]
+    stubs += ["torchdata", "torchdata.stateful_dataloader"]
+    absent = {name for name in {n.split(".")[0] for n in stubs} if importlib.util.find_spec(name) is None}
+    for name in stubs:
+        if name.split(".")[0] in absent:
+            monkeypatch.setitem(sys.modules, name, _AbsentModule(name))
+    if "torchdata" in absent:
+        monkeypatch.setattr(
+            sys.modules["torchdata.stateful_dataloader"],
+            "StatefulDataLoader",
+            torch.utils.data.DataLoader,
+            raising=False,
+        )
+    try:
+        import torch.utils.tensorboard
+    except ImportError:
+        monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", _AbsentModule("torch.utils.tensorboard"))
+    for name in [n for n in sys.modules if n.startswith(("torchtitan.models", "torchtitan.components"))]:
+        monkeypatch.delitem(sys.modules, name)
+    if importlib.util.find_spec("triton") is None:
+        # the MoE token permutation's Triton kernel (torchtitan/models/moe/kernels.py), used at run time only
+        kernels = "torchtitan.models.moe.kernels"
+        monkeypatch.setitem(sys.modules, kernels, _AbsentModule(kernels))
+    from torchtitan.protocols import train_spec
+
+    return train_spec
+
+
+@pytest.mark.parametrize(
+    ("model", "layout", "recipe"),
+    [
+        ("llama-2-7b", {"zero": 3}, {}),
+        ("llama-2-70b", {"zero": 3, "pp": 2}, {}),
+        ("mistral-7b", {"zero": 3}, {}),
+        ("llama-3.2-1b", {"zero": 3}, {}),
+        ("mixtral-8x7b", {"zero": 3, "ep": 8}, {}),
+        ("phi-3-mini", {"zero": 2}, {"seq_len": 2047, "micro_batch": 2, "global_batch": 32}),
+    ],
+)
+def test_torchtitan_builds_models_outside_its_flavor_tables(
+    model: str,
+    layout: dict[str, Any],
+    recipe: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job config and the module beside it, read by torchtitan's ConfigManager, register a train
+    spec whose model, built on the meta device, has trainplan's exact parameter count."""
+    import torch
+
+    from trainplan.models.params import count_params
+
+    registry = _torchtitan_models(monkeypatch)
+    system, spec, rec, lay = _plan(model, 8, recipe, **layout)
+    result = export_plan("torchtitan", system, spec, rec, lay)
+    [(module_file, source)] = result.files
+    (tmp_path / module_file).write_text(source)
+    toml = tmp_path / "job.toml"
+    toml.write_text(result.text)
+    module = module_file.removesuffix(".py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    try:
+        cfg = _torchtitan_config_manager()().parse_args(["--job.config_file", str(toml)])
+        assert cfg.job.custom_config_module == module == cfg.model.name
+        train_spec = registry.get_train_spec(cfg.model.name)
+        args = train_spec.model_args[cfg.model.flavor]
+        args.update_from_config(cfg)
+        with torch.device("meta"):
+            built = train_spec.model_cls(args)
+        assert sum(p.numel() for p in built.parameters()) == count_params(spec).total
+        assert train_spec.pipelining_fn is not None or lay.pp == 1
+        if spec.moe is not None:
+            assert cfg.parallelism.expert_parallel_degree == lay.ep > 1
+            assert args.moe_args.num_experts == spec.moe.num_experts and args.moe_args.top_k == spec.moe.top_k
+        _parallel_dims(cfg, world_size=8)
+    finally:
+        registry._extra_train_specs.pop(module, None)
+
+
+def test_torchtitan_companion_module_is_written_beside_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "export",
+        "llama-2-7b",
+        "--hardware",
+        "h100-sxm",
+        "--devices",
+        "8",
+        "--zero",
+        "3",
+        "--to",
+        "torchtitan",
+    ]
+    assert main(argv) == 2
+    assert "--output" in capsys.readouterr().err
+    assert main([*argv, "--output", str(tmp_path / "job.toml")]) == 0
+    data = tomllib.loads((tmp_path / "job.toml").read_text())
+    module = data["job"]["custom_config_module"]
+    source = (tmp_path / f"{module}.py").read_text()
+    compile(source, module, "exec")
+    assert "dim=4096" in source and "n_kv_heads=32" in source and "vocab_size=32000" in source
+    # the torchrun target carries the same module in its script
+    launch = export_plan("torchrun", *_plan("llama-2-7b", 8, zero=3)).text
+    assert source in launch and f"--job.custom_config_module {module}" in launch
 
 
 # --------------------------------------------------------------------------- CLI

@@ -334,11 +334,23 @@ def _engine_target(engine: Any) -> str:
 
 
 def _write_export(result: Any, output: str | None, what: str) -> None:
+    import os
+
     from trainplan.export import write_text
 
+    if result.files and not output:
+        names = ", ".join(name for name, _ in result.files)
+        raise TrainplanError(
+            "output",
+            f"the {result.target} config needs {names} beside it, so it is written to files: give --output FILE",
+        )
     if output:
         write_text(output, result.text)
         sys.stderr.write(f"trainplan: wrote {what} to {output}\n")
+        for name, text in result.files:
+            path = os.path.join(os.path.dirname(output), name)
+            write_text(path, text)
+            sys.stderr.write(f"trainplan: wrote {path} (the config names it)\n")
     else:
         sys.stdout.write(result.text)
         sys.stdout.flush()

@@ -45,6 +45,9 @@ class ExportResult:
     text: str
     filename: str
     warnings: tuple[str, ...] = ()
+    files: tuple[tuple[str, str], ...] = ()
+    """Files the main one needs beside it, ``(file name, text)``: the torchtitan job config of a
+    model outside torchtitan's flavor tables names the module that registers it."""
 
 
 def write_text(path: str, text: str, *, field: str = "output") -> None:
@@ -127,4 +130,9 @@ def export_plan(
             *warnings,
             f"--tokens {recipe.tokens:.3g} is {steps} optimizer steps: set them in the training script",
         )
-    return ExportResult(target=target, text=text, filename=filename, warnings=warnings)
+    files: tuple[tuple[str, str], ...] = ()
+    if target == "torchtitan":
+        from trainplan.export.torchtitan import companion_files
+
+        files = companion_files(system, model, recipe, layout)
+    return ExportResult(target=target, text=text, filename=filename, warnings=warnings, files=files)

@@ -51,4 +51,13 @@ def render(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> 
         f"# torchrun (torch 2.13) launching torchtitan {torchtitan.VERSION}, written by trainplan\n"
         f"# {model.name}, {recipe.method}, {recipe.precision}, layout {layout.describe()}\n"
     )
-    return header + shell_command(argv, lambda w: w.startswith("-")), warnings
+    # A model outside torchtitan's flavor tables: the module that registers it, written by the
+    # script itself (a quoted here-document, so the shell expands nothing in it) and importable
+    # from the working directory.
+    module = "".join(
+        f"cat > {name} <<'TRAINPLAN_EOF'\n{text}TRAINPLAN_EOF\n"
+        for name, text in torchtitan.companion_files(system, model, recipe, layout)
+    )
+    if module:
+        module += 'export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"\n'
+    return header + module + shell_command(argv, lambda w: w.startswith("-")), warnings

@@ -8,8 +8,15 @@ rejects unknown keys. The keys and where torchtitan uses them:
 
 ``[model]`` ``name``, ``flavor``
     ``job_config.Model``; the flavor tables are ``torchtitan/models/llama3/__init__.py``
-    (``llama3_args``) and ``torchtitan/models/qwen3/__init__.py`` (``qwen3_args``). torchtitan
-    builds models only from registered flavors, so the plan's architecture must match one.
+    (``llama3_args``) and ``torchtitan/models/qwen3/__init__.py`` (``qwen3_args``). A model
+    with a registered flavor's exact dimensions is named by it; any other that torchtitan's llama3
+    or qwen3 classes build (:func:`custom_model`) gets a train spec of its own, registered by a
+    Python module written beside the TOML (:func:`custom_module_source`).
+``[job]`` ``custom_config_module``
+    ``job_config.Job``: the module ``ConfigManager`` imports while parsing the TOML
+    (``torchtitan/config/manager.py::_maybe_add_custom_config``); importing it runs
+    ``torchtitan/protocols/train_spec.py::register_train_spec`` before the trainer looks the spec up
+    (``get_train_spec(job_config.model.name)`` in ``torchtitan/train.py``).
 ``[model]`` ``converters``
     ``"quantize.linear.float8"`` / ``"quantize.linear.mx"``, registered in
     ``torchtitan/components/quantization/float8.py`` and ``mx.py``.
@@ -49,9 +56,11 @@ rejects unknown keys. The keys and where torchtitan uses them:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Final
 
+from trainplan.errors import TrainplanError
 from trainplan.export._common import PlanFacts, plan_facts, unsupported
 from trainplan.export._text import to_toml
 from trainplan.hardware.system import System
@@ -191,18 +200,224 @@ def _matches(f: Flavor, m: ModelSpec) -> bool:
     )
 
 
-def find_flavor(model: ModelSpec) -> Flavor:
-    """The registered flavor with exactly the model's dimensions, else an error listing them."""
+def find_flavor(model: ModelSpec) -> Flavor | None:
+    """The registered flavor with exactly the model's dimensions, or ``None``."""
     for f in FLAVORS:
         if _matches(f, model):
             return f
-    known = ", ".join(f"{f.module}/{f.flavor}" for f in FLAVORS)
-    raise unsupported(
+    return None
+
+
+# ---------------------------------------------------------------- models outside the flavor tables
+@dataclass(frozen=True, kw_only=True)
+class CustomModel:
+    """A model torchtitan builds from a train spec that the job registers itself.
+
+    ``family`` is the torchtitan model whose classes build it: ``llama3``
+    (``torchtitan/models/llama3/model/args.py::TransformerModelArgs``: head width = dim / heads,
+    untied embeddings, pipeline parallelism through ``pipeline_llm``) or ``qwen3``
+    (``torchtitan/models/qwen3/model/args.py::Qwen3ModelArgs``: its own head width, optional
+    q/k norms, tied embeddings and token-choice MoE; its train spec has no pipelining function).
+    ``module`` is the Python module the job config names as ``job.custom_config_module`` and
+    ``spec`` the train spec it registers (``torchtitan/protocols/train_spec.py::register_train_spec``),
+    with one flavor, :data:`CUSTOM_FLAVOR`.
+    """
+
+    family: str
+    module: str
+    spec: str
+    args: dict[str, object]
+    moe_args: dict[str, object] | None = None
+
+
+CUSTOM_FLAVOR: Final = "plan"
+ROPE_THETA: Final = 10000.0
+NORM_EPS: Final = 1e-5
+_WINDOW = re.compile(r"sliding-window \((\d+)\) attention is costed as full causal attention")
+
+
+def _module_name(model: ModelSpec) -> str:
+    """``trainplan_<model name>`` as a Python identifier (the companion file is ``<module>.py``)."""
+    return "trainplan_" + (re.sub(r"[^0-9a-zA-Z]+", "_", model.name).strip("_").lower() or "model")
+
+
+def _llama3_ffn_args(dim: int, ffn_hidden: int) -> tuple[int, float | None]:
+    """``(multiple_of, ffn_dim_multiplier)`` with which ``_llama3_ffn`` gives exactly ``ffn_hidden``:
+    no multiplier and a power-of-two ``multiple_of`` when one fits (Llama 2: 11008 = 43·256), else
+    ``multiple_of = ffn_hidden`` and the multiplier that brings ``int(8·dim/3)`` to at most it."""
+    for multiple_of in (256, 512, 1024, 2048, 4096):
+        if _llama3_ffn(dim, multiple_of, 1.0) == ffn_hidden:
+            return multiple_of, None
+    multiplier = ffn_hidden / int(2 * (4 * dim) / 3)
+    assert _llama3_ffn(dim, ffn_hidden, multiplier) == ffn_hidden
+    return ffn_hidden, multiplier
+
+
+def _cannot_build(model: ModelSpec, what: str) -> TrainplanError:
+    return unsupported(
         TARGET,
         "model",
-        f"{model.name}: its job config names a registered flavor and none has these dimensions",
-        f"registered flavors are {known}; register a flavor for this architecture "
-        "(job.custom_config_module) or export to deepspeed/accelerate",
+        f"{model.name}: {what} (its llama3 and qwen3 models are pre-norm RMSNorm, SwiGLU, RoPE "
+        "decoders without biases)",
+        "export to megatron, deepspeed or accelerate",
+    )
+
+
+def custom_model(model: ModelSpec, recipe: Recipe, layout: Layout) -> CustomModel:
+    """The train spec that builds ``model`` exactly, or an error naming what torchtitan 0.2.2's
+    models cannot build. Parameter for parameter the same model as :func:`trainplan.models.params.count_params`
+    counts (tests/test_export.py builds it on the meta device and compares)."""
+    if model.activation != "swiglu":
+        raise _cannot_build(model, f"a {model.activation} MLP")
+    if model.norm != "rmsnorm":
+        raise _cannot_build(model, f"{model.norm} normalisation")
+    if model.position != "rope":
+        raise _cannot_build(model, f"{model.position} position embeddings")
+    if model.qkv_bias or model.attn_out_bias or model.mlp_bias:
+        raise _cannot_build(model, "biases on its linear layers")
+    if model.post_norms or model.parallel_attn_mlp:
+        raise _cannot_build(model, "post-norms or parallel attention/MLP blocks")
+    if model.qk_norm_full_width:
+        raise _cannot_build(model, "q/k norms over all heads (its q/k norms are per head)")
+    for note in model.approximations:
+        # models/hf.py writes a sliding window this way; at or below the window it is causal attention
+        window = _WINDOW.search(note)
+        if window is None:
+            raise _cannot_build(model, f"an architecture trainplan approximates ({note})")
+        if recipe.seq_len > int(window.group(1)):
+            raise unsupported(
+                TARGET,
+                "seq_len",
+                f"{model.name}'s sliding-window ({window.group(1)}) attention at seq_len {recipe.seq_len} "
+                "(its attention is full causal, the same only up to the window)",
+                f"plan with --seq-len {window.group(1)} or less, or export to megatron, deepspeed or accelerate",
+            )
+    moe = model.moe
+    if moe is not None and (
+        moe.num_shared_experts or moe.first_dense_layers or moe.layer_freq != 1 or moe.router_bias
+    ):
+        raise _cannot_build(
+            model,
+            "shared experts, dense layers between the expert layers or a router bias (its qwen3 "
+            "MoE routes every layer to experts only, torchtitan/models/qwen3/model/model.py)",
+        )
+    module = _module_name(model)
+    common: dict[str, object] = {
+        "dim": model.hidden_size,
+        "n_layers": model.num_layers,
+        "n_heads": model.num_heads,
+        "n_kv_heads": model.num_kv_heads,
+        "vocab_size": model.vocab_size,
+        "norm_eps": NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "max_seq_len": max(recipe.seq_len, model.max_seq_len),
+    }
+    llama3 = (
+        moe is None
+        and not model.qk_norm
+        and not model.tied_embeddings
+        and model.head_dim * model.num_heads == model.hidden_size
+    )
+    if llama3:
+        multiple_of, multiplier = _llama3_ffn_args(model.hidden_size, model.ffn_hidden)
+        return CustomModel(
+            family="llama3",
+            module=module,
+            spec=module,
+            args={**common, "multiple_of": multiple_of, "ffn_dim_multiplier": multiplier},
+        )
+    if layout.pp > 1:
+        what = (
+            "expert layers"
+            if moe is not None
+            else "q/k norms, tied embeddings or a head width other than dim/heads"
+        )
+        raise unsupported(
+            TARGET,
+            "pp",
+            f"pipeline parallelism for {model.name} ({what} need its qwen3 model, whose train spec "
+            "has no pipelining function: torchtitan/models/qwen3/__init__.py pipelining_fn=None)",
+            "plan with --pp 1, or export to megatron",
+        )
+    args: dict[str, object] = {
+        **common,
+        "head_dim": model.head_dim,
+        "hidden_dim": model.ffn_hidden or (moe.expert_ffn_hidden if moe else 0),
+        "qk_norm": model.qk_norm,
+        "enable_weight_tying": model.tied_embeddings,
+        "moe_enabled": moe is not None,
+    }
+    moe_args = None
+    if moe is not None:
+        args["moe_inter_dim"] = moe.expert_ffn_hidden
+        # the routing of torchtitan's own qwen3 MoE flavors (softmax over all experts, top-k
+        # weights renormalised): Mixtral's and Qwen3's
+        moe_args = {
+            "num_experts": moe.num_experts,
+            "num_shared_experts": 0,
+            "top_k": moe.top_k,
+            "score_func": "softmax",
+            "route_norm": True,
+            "route_scale": 1.0,
+            "score_before_experts": False,
+        }
+    return CustomModel(family="qwen3", module=module, spec=module, args=args, moe_args=moe_args)
+
+
+def companion_files(
+    system: System, model: ModelSpec, recipe: Recipe, layout: Layout
+) -> tuple[tuple[str, str], ...]:
+    """``(file name, text)`` of the files the job config needs beside it: the model module of a
+    model outside torchtitan's flavor tables, else none."""
+    if find_flavor(model) is not None:
+        return ()
+    custom = custom_model(model, recipe, layout)
+    return ((f"{custom.module}.py", custom_module_source(model, custom)),)
+
+
+def _py_kwargs(kwargs: dict[str, object], indent: str) -> str:
+    return "".join(f"{indent}{k}={v!r},\n" for k, v in kwargs.items())
+
+
+def custom_module_source(model: ModelSpec, custom: CustomModel) -> str:
+    """The Python module that registers ``custom``'s train spec when torchtitan's ``ConfigManager``
+    imports it (``torchtitan/config/manager.py::_maybe_add_custom_config`` imports
+    ``job.custom_config_module`` and merges its ``JobConfig`` dataclass, empty here)."""
+    if custom.family == "llama3":
+        imports = (
+            "from torchtitan.models.llama3 import get_train_spec\n"
+            "from torchtitan.models.llama3.model.args import RoPEScalingArgs, TransformerModelArgs\n"
+        )
+        build = (
+            "MODEL_ARGS = TransformerModelArgs(\n"
+            + _py_kwargs(custom.args, "    ")
+            + "    rope_scaling_args=RoPEScalingArgs(scaling_factor=1.0),  # 1.0: no RoPE scaling\n)\n"
+        )
+    else:
+        imports = (
+            "from torchtitan.models.qwen3 import get_train_spec\n"
+            "from torchtitan.models.qwen3.model.args import Qwen3ModelArgs\n"
+            + ("from torchtitan.models.moe import MoEArgs\n" if custom.moe_args else "")
+        )
+        build = "MODEL_ARGS = Qwen3ModelArgs(\n" + _py_kwargs(custom.args, "    ")
+        if custom.moe_args:
+            build += "    moe_args=MoEArgs(\n" + _py_kwargs(custom.moe_args, "        ") + "    ),\n"
+        build += ")\n"
+    return (
+        f'"""{model.name} for torchtitan {VERSION}, written by trainplan.\n\n'
+        f'The job config names this module ([job] custom_config_module = "{custom.module}"): torchtitan\'s\n'
+        f'ConfigManager imports it, and it registers the train spec "{custom.spec}", torchtitan\'s\n'
+        f'{custom.family} train spec with one flavor, "{CUSTOM_FLAVOR}", of exactly these dimensions.\n'
+        "Keep it next to the job config and launch with PYTHONPATH=. (or put its folder on PYTHONPATH).\n"
+        '"""\n\n'
+        "import dataclasses\n\n"
+        + imports
+        + "from torchtitan.protocols.train_spec import register_train_spec\n\n"
+        + build
+        + "\n\n@dataclasses.dataclass\nclass JobConfig:\n"
+        '    """No job-config fields of its own: ConfigManager merges this dataclass into its JobConfig."""\n\n\n'
+        f'register_train_spec("{custom.spec}", dataclasses.replace(get_train_spec(), '
+        f'model_args={{"{CUSTOM_FLAVOR}": MODEL_ARGS}}))\n'
     )
 
 
@@ -227,13 +442,16 @@ def build_config(
     facts = plan_facts(system, model, recipe, layout)
     warnings: list[str] = []
     flavor = find_flavor(model)
+    custom = custom_model(model, recipe, layout) if flavor is None else None
 
     if recipe.method not in ("pretrain", "full"):
         raise unsupported(
             TARGET,
             "method",
-            f"method {recipe.method!r} (its trainer updates all weights of one model with a "
-            "next-token loss: no LoRA/QLoRA adapters, no preference or RL objectives)",
+            f"method {recipe.method!r} (the {VERSION} trainer updates all weights of one model with a "
+            "next-token loss: no LoRA/QLoRA adapters, no preference or RL objectives; LoRA came in "
+            "torchtitan 0.3.0, torchtitan/components/lora.py LoRAConverter, configured by Python "
+            "config registries instead of the TOML job config this target writes)",
             "export to deepspeed or accelerate and apply PEFT/TRL in the training script",
         )
     if recipe.attention != "flash":
@@ -391,11 +609,16 @@ def build_config(
             "plan with --offload optimizer+params or none",
         )
 
+    if flavor is not None:
+        model_table: dict[str, object] = {"name": flavor.module, "flavor": flavor.flavor}
+    else:
+        assert custom is not None
+        model_table = {"name": custom.spec, "flavor": CUSTOM_FLAVOR}
     config: Config = {
         "job": {
             "description": f"trainplan: {model.name} on {system.num_devices} x {system.accelerator.name}"
         },
-        "model": {"name": flavor.module, "flavor": flavor.flavor},
+        "model": model_table,
         "optimizer": {"name": optimizer, "early_step_in_backward": recipe.optimizer_in_backward},
         "training": training,
         "parallelism": parallelism,
@@ -405,6 +628,13 @@ def build_config(
             "components": ["model", "loss"],
         },
     }
+    if custom is not None:
+        config["job"]["custom_config_module"] = custom.module
+        warnings.append(
+            f"{model.name} is built by the train spec that {custom.module}.py registers (written next to "
+            f"this file; launch with PYTHONPATH=.): its RoPE base ({ROPE_THETA:g}) and RMSNorm eps "
+            f"({NORM_EPS:g}) are torchtitan's Llama 2 defaults, set {model.name}'s own there"
+        )
     if recipe.recompute in ("full", "sac"):
         # _apply_full_ac and _apply_op_sac both pass it to torch.utils.checkpoint
         config["activation_checkpoint"]["early_stop"] = recipe.recompute_early_stop
@@ -456,11 +686,14 @@ def _nest(config: Config) -> Config:
 
 def render(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[str, tuple[str, ...]]:
     config, facts, warnings = build_config(system, model, recipe, layout)
+    module = config["job"].get("custom_config_module")
     header = (
         f"torchtitan {VERSION} job config written by trainplan",
         f"{model.name}, {recipe.method}, {recipe.precision}, layout {layout.describe()}",
+        *((f"the model is registered by {module}.py, written beside this file",) if module else ()),
         f"launch on {facts.num_nodes} node(s) x {facts.nproc_per_node} process(es): "
-        f"torchrun --nnodes {facts.num_nodes} --nproc-per-node {facts.nproc_per_node} "
+        + ("PYTHONPATH=. " if module else "")
+        + f"torchrun --nnodes {facts.num_nodes} --nproc-per-node {facts.nproc_per_node} "
         "-m torchtitan.train --job.config_file THIS_FILE",
     )
     return to_toml(config, header=header), warnings
