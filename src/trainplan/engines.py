@@ -244,9 +244,7 @@ register(
             source="NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/comm_overlap.py CommOverlapConfig("
             "tp_comm_overlap=True) in the performance recipes (off without sequence parallelism)",
         ),
-        "megatron",
-        "NeMo / Megatron Bridge recipes take Megatron-Core's settings: the megatron target writes them as "
-        "Megatron-LM arguments",
+        "nemo",
     )
 )
 register(

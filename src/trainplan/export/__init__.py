@@ -13,11 +13,13 @@ deepspeed  ``ds_config.json``                           DeepSpeed 0.19.8
 accelerate ``accelerate launch --config_file`` YAML     Accelerate 1.15.0
 torchrun   shell command: torchrun + torchtitan flags   torch 2.13, torchtitan 0.2.2
 megatron   shell command: torchrun + pretrain_gpt.py    Megatron-LM core_r0.14.0
+nemo       Python recipe: Megatron Bridge ConfigContainer Megatron Bridge 0.3.1
 ========== ============================================ =================================
 
 ``--tokens`` becomes the number of optimizer steps, ⌈tokens / (global batch · sequence length)⌉
 (:func:`trainplan.export.megatron.train_steps`): torchtitan's ``training.steps`` (its learning-rate
-schedule's length), Megatron-LM's ``--train-iters`` and ``--lr-decay-iters``; a target whose file
+schedule's length), Megatron-LM's ``--train-iters`` and ``--lr-decay-iters``, Megatron Bridge's
+``train.train_iters`` and ``scheduler.lr_decay_iters``; a target whose file
 has no step count says the number in a warning.
 """
 
@@ -78,7 +80,7 @@ Renderer = Callable[[System, ModelSpec, Recipe, Layout], tuple[str, tuple[str, .
 
 
 def _renderers() -> dict[str, tuple[Renderer, str]]:
-    from trainplan.export import accelerate, deepspeed, megatron, torchrun, torchtitan
+    from trainplan.export import accelerate, deepspeed, megatron, nemo, torchrun, torchtitan
 
     return {
         "torchtitan": (torchtitan.render, "torchtitan.toml"),
@@ -86,13 +88,15 @@ def _renderers() -> dict[str, tuple[Renderer, str]]:
         "accelerate": (accelerate.render, "accelerate_config.yaml"),
         "torchrun": (torchrun.render, "launch.sh"),
         "megatron": (megatron.render, "megatron_launch.sh"),
+        "nemo": (nemo.render, "megatron_bridge_recipe.py"),
     }
 
 
-TARGETS: Final = ("torchtitan", "deepspeed", "accelerate", "torchrun", "megatron")
-STACK_OF: Final = {target: "megatron" if target == "megatron" else "pytorch" for target in TARGETS}
-"""The stack each target's engine runs: Megatron-LM's Megatron-Core modules, else PyTorch's own."""
-STEPS_IN_FILE: Final = ("torchtitan", "torchrun", "megatron")
+TARGETS: Final = ("torchtitan", "deepspeed", "accelerate", "torchrun", "megatron", "nemo")
+STACK_OF: Final = {target: "megatron" if target in ("megatron", "nemo") else "pytorch" for target in TARGETS}
+"""The stack each target's engine runs: Megatron-LM's and Megatron Bridge's Megatron-Core modules,
+else PyTorch's own."""
+STEPS_IN_FILE: Final = ("torchtitan", "torchrun", "megatron", "nemo")
 """The targets whose output carries the step count that ``--tokens`` gives."""
 
 

@@ -52,24 +52,24 @@ def train_steps(recipe: Recipe, global_batch: int) -> int | None:
     return max(1, math.ceil(recipe.tokens / (global_batch * recipe.seq_len)))
 
 
-def _check_recipe(recipe: Recipe) -> None:
+def _check_recipe(recipe: Recipe, target: str = TARGET) -> None:
     if recipe.method not in ("pretrain", "full"):
         raise unsupported(
-            TARGET,
+            target,
             "method",
             f"method {recipe.method!r} (pretrain_gpt.py trains every weight with a next-token loss)",
             "export a LoRA/QLoRA plan to deepspeed or accelerate, or plan --method full",
         )
     if recipe.recompute == "sac":
         raise unsupported(
-            TARGET,
+            target,
             "recompute",
             "torchtitan's per-op selective checkpointing (its selective recompute is the attention core)",
             "plan with --recompute selective or full",
         )
     if recipe.recompute_every > 1:
         raise unsupported(
-            TARGET,
+            target,
             "recompute_every",
             f"checkpointing one block in {recipe.recompute_every} (--recompute-method block recomputes the "
             "first N layers of each stage, uniform every layer)",
@@ -77,7 +77,7 @@ def _check_recipe(recipe: Recipe) -> None:
         )
     if recipe.recompute_early_stop and recipe.recompute == "full":
         raise unsupported(
-            TARGET,
+            target,
             "recompute_early_stop",
             "early-stopping recompute (its CheckpointFunction re-runs the whole block)",
             "plan with --engine megatron (or --no-recompute-early-stop)",
@@ -89,29 +89,29 @@ def _check_recipe(recipe: Recipe) -> None:
         ("master_weights", not recipe.master_weights, "16-bit training without FP32 master weights"),
     ):
         if on:
-            raise unsupported(TARGET, flag, what, f"plan without --{flag.replace('_', '-')}")
+            raise unsupported(target, flag, what, f"plan without --{flag.replace('_', '-')}")
     if recipe.offload == "optimizer+params":
         raise unsupported(
-            TARGET,
+            target,
             "offload",
             "parameter offload (--optimizer-cpu-offload moves the optimizer only)",
             "plan with --offload optimizer or none",
         )
 
 
-def _model_args(model: ModelSpec, recipe: Recipe) -> list[str]:
+def _model_args(model: ModelSpec, recipe: Recipe, target: str = TARGET) -> list[str]:
     if model.parallel_attn_mlp or model.post_norms or model.qk_norm_full_width:
         raise unsupported(
-            TARGET,
+            target,
             "model",
             f"{model.name}'s block (parallel attention/MLP, post-norms or full-width q/k norms are not "
             "options of pretrain_gpt.py's GPT model)",
             "export to torchtitan or deepspeed",
         )
     if model.activation not in ("swiglu", "gelu"):
-        raise unsupported(TARGET, "model", f"the {model.activation} MLP", "export to deepspeed or accelerate")
+        raise unsupported(target, "model", f"the {model.activation} MLP", "export to deepspeed or accelerate")
     if model.position not in ("rope", "learned", "none"):
-        raise unsupported(TARGET, "model", f"{model.position} positions", "export to deepspeed or accelerate")
+        raise unsupported(target, "model", f"{model.position} positions", "export to deepspeed or accelerate")
     args = [
         "--num-layers", str(model.num_layers),
         "--hidden-size", str(model.hidden_size),
@@ -137,7 +137,7 @@ def _model_args(model: ModelSpec, recipe: Recipe) -> list[str]:
             args.append("--add-qkv-bias")
     elif not model.qkv_bias:
         raise unsupported(
-            TARGET, "model", "biases on some linear layers but not on q/k/v", "export to deepspeed"
+            target, "model", "biases on some linear layers but not on q/k/v", "export to deepspeed"
         )
     if model.qk_norm:
         args.append("--qk-layernorm")
@@ -145,7 +145,7 @@ def _model_args(model: ModelSpec, recipe: Recipe) -> list[str]:
     if moe is not None:
         if moe.first_dense_layers or moe.layer_freq != 1:
             raise unsupported(
-                TARGET, "model", "dense layers between the expert layers", "export to torchtitan or deepspeed"
+                target, "model", "dense layers between the expert layers", "export to torchtitan or deepspeed"
             )
         args += [
             "--num-experts", str(moe.num_experts),
@@ -160,7 +160,7 @@ def _model_args(model: ModelSpec, recipe: Recipe) -> list[str]:
     return args
 
 
-def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
+def _parallel_args(model: ModelSpec, layout: Layout, target: str = TARGET) -> list[str]:
     args = [
         "--tensor-model-parallel-size", str(layout.tp),
         "--pipeline-model-parallel-size", str(layout.pp),
@@ -172,7 +172,7 @@ def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
         args.append("--sequence-parallel")
     if layout.pp > 1 and layout.pp_schedule == "zb":
         raise unsupported(
-            TARGET, "pp_schedule", "a zero-bubble schedule", "plan with --pp-schedule 1f1b or interleaved"
+            target, "pp_schedule", "a zero-bubble schedule", "plan with --pp-schedule 1f1b or interleaved"
         )
     # The embedding / the loss as a layer of the split (layout.stage_layers): Megatron-Core's
     # account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split, which split
@@ -184,7 +184,7 @@ def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
         args.append("--account-for-loss-in-pipeline-split")
     if (layout.pp_split_embedding or layout.pp_split_head) and units % layout.pp:
         raise unsupported(
-            TARGET,
+            target,
             "pp_split_embedding",
             f"{units} layers with the embedding / head in the split on {layout.pp} stages (it asserts an "
             "even split)",
@@ -193,7 +193,7 @@ def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
     if layout.pp_schedule == "interleaved":
         if units % (layout.pp * layout.virtual_stages):
             raise unsupported(
-                TARGET,
+                target,
                 "virtual_stages",
                 f"{layout.pp}·{layout.virtual_stages} chunks of unequal size ({units} layers"
                 + (" with the embedding / head in the split" if units != model.num_layers else "")
@@ -205,7 +205,7 @@ def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
             args.append("--no-overlap-p2p-communication")
     elif layout.pp_comm_overlap:
         raise unsupported(
-            TARGET,
+            target,
             "pp_comm_overlap",
             "pipeline overlap without the interleaved schedule (arguments.py turns it off)",
             "plan with --pp-schedule interleaved, or --no-pp-comm-overlap",
@@ -222,7 +222,7 @@ def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
         ]  # fmt: skip
     if layout.zero3_granularity != "block":
         raise unsupported(
-            TARGET, "zero3_granularity", "per-parameter ZeRO-3 gathers", "plan with --zero3-granularity block"
+            target, "zero3_granularity", "per-parameter ZeRO-3 gathers", "plan with --zero3-granularity block"
         )
     if layout.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
@@ -232,7 +232,7 @@ def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
         args.append("--tp-comm-overlap")
     if layout.grad_accumulation == "main_grad":
         raise unsupported(
-            TARGET,
+            target,
             "grad_accumulation",
             "the 2021 LocalDDP main-gradient hook",
             "plan with --grad-accumulation fused or autograd",
@@ -242,7 +242,7 @@ def _parallel_args(model: ModelSpec, layout: Layout) -> list[str]:
     return args
 
 
-def _recipe_args(recipe: Recipe) -> list[str]:
+def _recipe_args(recipe: Recipe, target: str = TARGET) -> list[str]:
     args: list[str] = []
     if recipe.precision == "bf16":
         args.append("--bf16")
@@ -268,7 +268,7 @@ def _recipe_args(recipe: Recipe) -> list[str]:
     optimizer = {"adamw": "adam", "sgd": "sgd", "sgd-momentum": "sgd"}.get(recipe.optimizer)
     if optimizer is None:
         raise unsupported(
-            TARGET,
+            target,
             "optimizer",
             f"optimizer {recipe.optimizer!r} (its optimizers are Adam(W) and SGD)",
             "plan with --optimizer adamw",
