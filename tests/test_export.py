@@ -602,6 +602,20 @@ def test_torchtitan_builds_models_outside_its_flavor_tables(
         registry._extra_train_specs.pop(module, None)
 
 
+def test_torchtitan_lora_is_refused_naming_the_release_and_the_targets_that_run_it() -> None:
+    """torchtitan 0.2.2 has no adapters (LoRA came with 0.3.0's Python config registries): the
+    refusal says so and names only targets that write the plan."""
+    from trainplan.export.saved import export_or_explain, targets_for
+
+    plan = _plan("llama-2-7b", 8, {"method": "lora"}, zero=3)
+    with pytest.raises(TrainplanError) as info:
+        export_or_explain("torchtitan", *plan)
+    assert info.value.field == "method" and "0.3.0" in info.value.message
+    can = targets_for(*plan)
+    assert can and "torchtitan" not in can
+    assert info.value.message.endswith("targets that can export this plan: " + ", ".join(can))
+
+
 def test_torchtitan_companion_module_is_written_beside_the_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
