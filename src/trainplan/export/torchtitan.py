@@ -631,9 +631,9 @@ def build_config(
     if custom is not None:
         config["job"]["custom_config_module"] = custom.module
         warnings.append(
-            f"{model.name} is built by the train spec that {custom.module}.py registers (written next to "
-            f"this file; launch with PYTHONPATH=.): its RoPE base ({ROPE_THETA:g}) and RMSNorm eps "
-            f"({NORM_EPS:g}) are torchtitan's Llama 2 defaults, set {model.name}'s own there"
+            f"{model.name} is built by the train spec that {custom.module}.py registers (launch with "
+            f"PYTHONPATH=. beside it): its RoPE base ({ROPE_THETA:g}) and RMSNorm eps ({NORM_EPS:g}) are "
+            f"the defaults of torchtitan's TransformerModelArgs, set {model.name}'s own there"
         )
     if recipe.recompute in ("full", "sac"):
         # _apply_full_ac and _apply_op_sac both pass it to torch.utils.checkpoint
