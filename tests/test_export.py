@@ -414,6 +414,10 @@ def test_every_target_writes_parseable_text(target: str) -> None:
         assert data["zero_optimization"]["stage"] == 3
     elif target == "accelerate":
         assert 'distributed_type: "FSDP"' in result.text and "num_processes: 8" in result.text
+    elif target == "nemo":
+        compile(result.text, result.filename, "exec")
+        assert '"global_batch_size": 32' in result.text and '"micro_batch_size": 2' in result.text
+        assert '"data_parallel_sharding_strategy": "optim_grads_params"' in result.text
     else:
         assert result.text.splitlines()[2].startswith("torchrun")
 
