@@ -668,6 +668,13 @@ RLHF_FIELDS: Final = (
         "(DeepSpeed Hybrid Engine, vLLM/verl enforce_eager): a per-layer host floor; HF generate "
         "(--rollout-engine trainer) always is",
     ),
+    _switch(
+        "sequence_packing",
+        "rlhf",
+        "ppo/grpo: scoring and training run over each sequence's real tokens, packed (OpenRLHF "
+        "--packing_samples, verl use_remove_padding, NeMo RL sequence_packing): timed at --prompt-len + "
+        "--response-len-mean, memory at --seq-len; needs --response-len-mean and flash attention",
+    ),
     Field(
         name="train_batch",
         group="rlhf",
@@ -830,6 +837,7 @@ def build_rlhf(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> 
         gen_len=gen,
         rollout_engine=values.get("rollout_engine") or "vllm",
         rollout_eager=bool(values.get("rollout_eager")),
+        sequence_packing=bool(values.get("sequence_packing")),
         placement=values.get("placement") or "colocated",
         groups=parse_groups(values["groups"]) if values.get("groups") else (),
         **optional,

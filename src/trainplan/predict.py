@@ -42,6 +42,7 @@ from trainplan.rlhf import (
     estimate_rlhf,
     is_rlhf,
     seq_lengths,
+    timed_recipe,
     update_recipe,
     updates_per_step,
 )
@@ -366,7 +367,9 @@ def estimate(
         devices_on_node=train_system.devices_on_a_node,
         memory_margin=memory_margin,
     )
-    time = step_time(train_system, model, recipe, train_layout, memory=mem)
+    # RL with sequence packing times its updates at the real tokens; memory stays at seq_len
+    timed = timed_recipe(recipe, spec, train_layout)
+    time = step_time(train_system, model, timed, train_layout, memory=mem)
     rl: RLHFEstimate | None = None
     if spec is not None:
         rl = estimate_rlhf(
@@ -394,7 +397,7 @@ def estimate(
             phase_reload_s=t["phase_reload_s"],
             notes=(*time.notes, *rl.notes),
         )
-    thr = throughput(system, model, recipe, layout, time)
+    thr = throughput(system, model, timed, layout, time)
     if rl is not None:
         thr = dataclasses.replace(
             thr,

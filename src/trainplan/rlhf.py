@@ -164,6 +164,13 @@ class RLHFSpec:
     instead of replaying a CUDA graph (DeepSpeed Hybrid Engine; vLLM ``enforce_eager``, verl
     ``rollout.enforce_eager``): a host-side floor per layer (:data:`FUSED_EAGER_DECODE_LAYER_S`).
     HF ``generate`` (``trainer``) is always eager."""
+    sequence_packing: bool = False
+    """Scoring and training run over each sequence's real tokens, packed into the micro-batch with
+    a variable-length attention kernel (OpenRLHF ``--packing_samples``, verl
+    ``use_remove_padding``, NeMo RL ``policy.sequence_packing``): their passes are timed at
+    ``prompt_len + response_len_mean`` tokens a sequence (:func:`timed_recipe`), their memory at
+    ``prompt_len + gen_len`` (a micro-batch whose responses all reach the maximum). ``False``: padded
+    to the maximum length (DeepSpeed-Chat, TRL, torchtune PPO)."""
     placement: Placement = "colocated"
     train_batch: int | None = None
     """Sequences (PPO, GRPO) or pairs (DPO, RM) per optimizer update; the step's batch is cut into
@@ -232,6 +239,7 @@ class RLHFSpec:
                 ("rollout_concurrency", self.rollout_concurrency, None),
                 ("response_len_mean", self.response_len_mean, None),
                 ("rollout_eager", self.rollout_eager, False),
+                ("sequence_packing", self.sequence_packing, False),
                 ("rollout_engine", self.rollout_engine, "vllm"),
                 ("gen_len", self.gen_len, 0),
             ):
@@ -282,18 +290,33 @@ class RLHFSpec:
                     f"a mean of {self.response_len_mean} tokens exceeds the maximum --gen-len {self.gen_len}; "
                     "give a mean no larger than the maximum",
                 )
-            if self.rollout_engine == "trainer":
+            if self.rollout_engine == "trainer" and not self.sequence_packing:
                 raise RecipeError(
                     "response_len_mean",
                     "HF generate runs a static batch until its longest response stops (under ZeRO-3, every "
-                    "rank's batch): the maximum --gen-len times it; drop --response-len-mean or use an engine "
-                    "with continuous batching (--rollout-engine vllm or hybrid)",
+                    "rank's batch): the maximum --gen-len times it; drop --response-len-mean, use an engine "
+                    "with continuous batching (--rollout-engine vllm or hybrid), or add --sequence-packing "
+                    "for the mean to time the packed scoring and training passes",
                 )
+        if self.sequence_packing and self.response_len_mean is None:
+            raise RecipeError(
+                "sequence_packing",
+                "packing removes the padding of responses shorter than --gen-len; without "
+                "--response-len-mean every response runs to the maximum and packing changes nothing: "
+                "give --response-len-mean",
+            )
 
     @property
     def mean_response_len(self) -> float:
         """Mean generated tokens per sequence (``gen_len`` unless ``response_len_mean`` is given)."""
         return float(self.gen_len if self.response_len_mean is None else self.response_len_mean)
+
+    @property
+    def rollout_response_len(self) -> float:
+        """Mean decode steps a response takes in the rollout: :attr:`mean_response_len` for the
+        continuous-batching engines; HF ``generate`` (``trainer``) runs its static batch to the
+        longest response, ``gen_len``."""
+        return float(self.gen_len) if self.rollout_engine == "trainer" else self.mean_response_len
 
     @property
     def group_roles(self) -> tuple[str, ...]:
@@ -386,6 +409,37 @@ def frozen_recipe(recipe: Recipe) -> Recipe:
         optimizer_in_backward=False,
         master_weights=False,
     )
+
+
+def packed_seq_len(spec: RLHFSpec, layout: Layout) -> int:
+    """Tokens a packed sequence is timed at: ``prompt_len + response_len_mean``, rounded up to a
+    multiple of 2·cp·tp (the split a context- and sequence-parallel layout needs; NeMo RL pads each
+    packed sequence to ``make_sequence_length_divisible_by``)."""
+    step = 2 * layout.cp * layout.tp if (layout.cp > 1 or layout.sequence_parallel) else 1
+    tokens = spec.prompt_len + math.ceil(spec.mean_response_len)
+    return min(spec.prompt_len + spec.gen_len, step * math.ceil(tokens / step))
+
+
+def timed_recipe(recipe: Recipe, spec: RLHFSpec | None, layout: Layout) -> Recipe:
+    """The recipe whose passes time the scoring forwards and the actor / critic updates: ``recipe``
+    itself (padded to ``seq_len``), or with ``spec.sequence_packing`` each sequence at its real
+    tokens (:func:`packed_seq_len`) — the same number of sequences, the padding removed. A packed
+    micro-batch concatenates its sequences (``cu_seqlens``) and needs a variable-length attention
+    kernel: OpenRLHF asserts flash attention for ``--packing_samples``
+    (``openrlhf/cli/train_ppo_ray.py``), verl's ``use_remove_padding`` runs
+    ``flash_attn_varlen_func`` (``verl/models/transformers/monkey_patch.py``). Attention is timed
+    at the mean length: the mean of the squares of varying lengths is larger (a lower bound on
+    that term). Memory stays at ``seq_len``: the largest micro-batch holds maximum-length responses."""
+    if spec is None or not spec.sequence_packing:
+        return recipe
+    if recipe.attention != "flash":
+        raise RecipeError(
+            "sequence_packing",
+            "packed sequences need a variable-length attention kernel (flash attention: OpenRLHF "
+            "--packing_samples, verl use_remove_padding); with --attention eager the framework pads "
+            "to --seq-len: drop --sequence-packing or use --attention flash",
+        )
+    return dataclasses.replace(recipe, seq_len=packed_seq_len(spec, layout))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -534,7 +588,7 @@ def rollout(
     if trainer and layout is not None and layout.zero == 3:
         gather = gather_s(system, weights, layout.shard_group)
     prefill_wave_s = max(prefill_flops / tp / flops_per_s, weights / bw, gather)
-    mean_len = spec.mean_response_len
+    mean_len = spec.rollout_response_len
     mean_context = spec.prompt_len + mean_len / 2.0
     kv_read = concurrent * kv_bytes_per_token(model, recipe, tp) * mean_context
     memory_s = (weights + kv_read) / bw
@@ -542,7 +596,7 @@ def rollout(
     launch_s = decode_launch_floor_s(model, spec.rollout_engine, eager=spec.rollout_eager)
     allreduce_s = decode_tp_allreduce_s(system, model, recipe, concurrent, tp)
     step_s = max(memory_s, compute_s, gather, launch_s) + allreduce_s
-    steps = decode_steps(waves, spec.gen_len, mean_len)
+    steps = decode_steps(waves, spec.gen_len, spec.rollout_response_len)
     bound = max(
         (memory_s, "memory"), (compute_s, "compute"), (gather, "ZeRO-3 gather"), (launch_s, "kernel launch")
     )[1]
@@ -768,6 +822,7 @@ class RLHFEstimate:
             "prompt_len": s.prompt_len,
             "gen_len": s.gen_len,
             "response_len_mean": s.mean_response_len,
+            "sequence_packing": s.sequence_packing,
             "sequences_per_step": self.sequences,
             "updates_per_step": self.updates,
             "train_batch": s.train_batch,
@@ -786,7 +841,8 @@ class RLHFEstimate:
             "tokens_per_step": self.tokens_per_step,
             "tokens_per_s": self.tokens_per_step / time.step_s,
             "tokens_per_s_definition": (
-                "(prompt + response) tokens of every sequence of the step per second of the RL step "
+                "(prompt + response) tokens of every sequence of the step (responses at --response-len-mean "
+                "when given) per second of the RL step "
                 "(DeepSpeed-Chat: samples × (prompt + generation) per epoch); DPO / RM: chosen + rejected tokens"
             ),
             "model_flops_per_step": self.model_flops_per_step,
@@ -901,7 +957,8 @@ def estimate_disaggregated(
         )
         cmem = memory_breakdown(critic, crec, lay_c, capacity_bytes=cap, num_microbatches=nmb_c)
         critic_s = (
-            updates_per_step(recipe, spec, lay_c) * step_time(sys_c, critic, crec, lay_c, memory=cmem).step_s
+            updates_per_step(recipe, spec, lay_c)
+            * step_time(sys_c, critic, timed_recipe(crec, spec, lay_c), lay_c, memory=cmem).step_s
         )
         critic_flops_trained = True
         resident[g.label].append(("critic training states", cmem.model_states_bytes))
@@ -921,8 +978,9 @@ def estimate_disaggregated(
             w = memory_breakdown(sm.model, frozen, lay_g).weights_bytes
             resident[g.label].append((f"{sm.role} weights (frozen)", w))
             models[f"{sm.role} weights (frozen)"] = w
-        forwards_s[g.label] += _forward_s(sys_g, sm.model, frozen, lay_g)
-        scoring_flops += _forward_flops(sm.model, frozen, lay_g)
+        scored_recipe = timed_recipe(frozen, spec, lay_g)
+        forwards_s[g.label] += _forward_s(sys_g, sm.model, scored_recipe, lay_g)
+        scoring_flops += _forward_flops(sm.model, scored_recipe, lay_g)
         logits = logits_bytes(sm.model, frozen, lay_g)[0]
         held = transient[g.label].get("scoring", [("", 0.0)])[0][1]
         transient[g.label]["scoring"] = [("log-prob logits (FP32, one micro-batch)", max(logits, held))]
@@ -1002,9 +1060,16 @@ def estimate_disaggregated(
         actor_step_s=actor_step_s,
         updates=updates,
         sequences=sequences,
-        tokens_per_step=float(sequences * arec.seq_len),
+        tokens_per_step=tokens_per_step(spec, arec, sequences),
         model_flops_per_step=model_flops_per_step(
-            policy, spec, arec, lay_actor, ro, sequences, scoring_flops, trains_critic=critic_flops_trained
+            policy,
+            spec,
+            timed_recipe(arec, spec, lay_actor),
+            lay_actor,
+            ro,
+            sequences,
+            scoring_flops,
+            trains_critic=critic_flops_trained,
         ),
         notes=tuple(notes),
         groups=tuple(group_mem),
@@ -1057,9 +1122,19 @@ def model_flops_per_step(
     )
     rollout_flops = 0.0
     if ro is not None:
-        decode_flops = 2.0 * count_params(policy).active * sequences * spec.mean_response_len
+        decode_flops = 2.0 * count_params(policy).active * sequences * spec.rollout_response_len
         rollout_flops = ro.prefill_flops_per_engine * ro.engines + decode_flops
     return actor + critic + scoring_flops + rollout_flops
+
+
+def tokens_per_step(spec: RLHFSpec, arec: Recipe, sequences: int) -> float:
+    """Tokens of one RL step as the frameworks count them: PPO / GRPO every sequence's prompt +
+    its response (``response_len_mean`` when given: NeMo RL's Tokens/sec/GPU counts the tokens
+    processed, docs/about/performance-summary.md; DeepSpeed-Chat samples × (prompt + generation),
+    its generation running to the maximum); DPO / RM the chosen + rejected sequences at ``seq_len``."""
+    if spec.method in ROLLOUT_METHODS:
+        return sequences * (spec.prompt_len + spec.mean_response_len)
+    return float(sequences * arec.seq_len)
 
 
 def step_notes(spec: RLHFSpec, updates: int) -> list[str]:
@@ -1069,6 +1144,12 @@ def step_notes(spec: RLHFSpec, updates: int) -> list[str]:
             f"{updates} actor{' and critic' if spec.method == 'ppo' else ''} update(s) per step "
             "(ppo_epochs = 1); the rollout is the engine's roofline, an eager engine's kernel-launch floor and "
             "its TP all-reduces (no scheduler or sampling overheads)"
+        )
+    if spec.sequence_packing:
+        notes.append(
+            f"sequence packing: scoring and updates timed at {spec.prompt_len} + {spec.mean_response_len:.0f} "
+            f"tokens a sequence (memory at the {spec.prompt_len + spec.gen_len}-token maximum); attention at "
+            "the mean length, a lower bound on that term when lengths vary"
         )
     if spec.method in ("rm", "ppo") or spec.reward_model is not None:
         notes.append("reward and value heads are counted as the model's LM head (a scalar head is smaller)")
@@ -1140,7 +1221,7 @@ def estimate_rlhf(
         critic_mem = memory_breakdown(
             critic, crec, layout, capacity_bytes=cap, num_microbatches=num_microbatches
         )
-        critic_time = step_time(system, critic, crec, layout, memory=critic_mem)
+        critic_time = step_time(system, critic, timed_recipe(crec, spec, layout), layout, memory=critic_mem)
         persistent.append(("critic training states", critic_mem.model_states_bytes))
     rollout_only: list[tuple[str, float]] = []
     scored = scored_models(policy, spec)
@@ -1238,9 +1319,10 @@ def estimate_rlhf(
     # Time terms.
     scoring_s = 0.0
     scoring_flops = 0.0
+    scored_recipe = timed_recipe(frozen, spec, layout)
     for sm in scored:
-        scoring_s += _forward_s(system, sm.model, frozen, layout)
-        scoring_flops += _forward_flops(sm.model, frozen, layout)
+        scoring_s += _forward_s(system, sm.model, scored_recipe, layout)
+        scoring_flops += _forward_flops(sm.model, scored_recipe, layout)
     critic_s = updates * critic_time.step_s if critic_time is not None else 0.0
     sync_bytes = 0.0
     if ro is not None and spec.rollout_engine != "trainer":
@@ -1273,9 +1355,16 @@ def estimate_rlhf(
         actor_step_s=updates * actor_time.step_s,
         updates=updates,
         sequences=sequences,
-        tokens_per_step=float(sequences * arec.seq_len),
+        tokens_per_step=tokens_per_step(spec, arec, sequences),
         model_flops_per_step=model_flops_per_step(
-            policy, spec, arec, layout, ro, sequences, scoring_flops, trains_critic=critic_time is not None
+            policy,
+            spec,
+            timed_recipe(arec, spec, layout),
+            layout,
+            ro,
+            sequences,
+            scoring_flops,
+            trains_critic=critic_time is not None,
         ),
         notes=tuple(notes),
     )
@@ -1295,6 +1384,7 @@ __all__ = [
     "kv_bytes_per_token",
     "rollout",
     "seq_lengths",
+    "timed_recipe",
     "update_recipe",
     "updates_per_step",
 ]
