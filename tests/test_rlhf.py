@@ -242,7 +242,7 @@ def test_rlhf_validation_rows_are_predicted_and_the_fit_claim_reproduced() -> No
     from trainplan.validate.rlhf import RLHF_DATASETS, rows, validate_rlhf_dataset
 
     all_rows = rows()
-    assert {r.dataset for r in all_rows} | {"rlhf_deepspeed_chat"} == set(RLHF_DATASETS)
+    assert {r.dataset for r in all_rows} | {"rlhf_deepspeed_chat", "rlhf_nemo_rl_grpo"} == set(RLHF_DATASETS)
     assert all(r.source.startswith("https://") for r in all_rows)
     assert [r.name for r in all_rows if r.split != "validate"] == ["openrlhf-bench-7b-openrlhf-train"]
     timing = validate_rlhf_dataset("rlhf_openrlhf_colocated")

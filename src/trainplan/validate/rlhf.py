@@ -56,14 +56,20 @@ RLHF_DATASETS: Final[dict[str, tuple[float, str]]] = {
         "DeepSpeed-Chat README Table 1 (Apr 2023): step-3 (PPO) hours per epoch, OPT actors with an "
         "OPT-350M reward model and critic, Hybrid Engine",
     ),
+    "rlhf_nemo_rl_grpo": (
+        0.35,
+        "NeMo RL performance summary (v0.4, v0.5): on-policy GRPO seconds per step, colocated vLLM and "
+        "Megatron, sequence packing, responses at the published mean length",
+    ),
 }
 """Each dataset's enforced MAPE bound (a regression guard a little above today's accuracy: 31%,
-25% and 20% on the three timed sets) and description."""
+25%, 20% and 30% on the four timed sets) and description."""
 
 SOURCE: Final = (
     "OpenRLHF benchmark/README.md @0baf3dd4; OpenRLHF examples/scripts/train_ppo_llama_ray_70b.sh @391e1de4; "
     "torchtune mistral/7B_full_ppo_low_memory.yaml @000bb70f; DeepSpeedExamples DeepSpeed-Chat README.md "
-    "@00906a77 (Table 1) and training_scripts/opt @4bf1924b"
+    "@00906a77 (Table 1) and training_scripts/opt @4bf1924b; NVIDIA-NeMo/RL docs/about/performance-summary.md "
+    "@cff17f83 (v0.4) and @108bffda (v0.5) with examples/configs/recipes/llm/performance"
 )
 
 
@@ -272,6 +278,63 @@ def epoch_row_result(row: EpochRow) -> RowResult:
     )
 
 
+def nemo_rows() -> list[RLHFRow]:
+    """Every row of ``data/rlhf_nemo_rl.csv``: NeMo RL's published on-policy GRPO step times
+    (``docs/about/performance-summary.md``, each row's commit in its ``source``) with the recipe each
+    was run from (``examples/configs/recipes/llm/performance/*.yaml`` over ``grpo_math_1B.yaml``).
+    NeMo RL's colocated generation puts vLLM to sleep while Megatron trains and offloads the
+    policy while vLLM generates (``offload-between-phases``); it packs sequences (``sequence_packing``)
+    and publishes the mean response length ("G-Average Seq len"), so the rows give
+    ``--response-len-mean``. The mean prompt is not published: it is the tokens the table's
+    Tokens/sec/GPU counts per sample (× GPUs × step time / samples) less the mean response. The
+    1-step off-policy rows overlap generation with training, which is not modelled: not included."""
+    text = (
+        resources.files("trainplan.validate").joinpath("data", "rlhf_nemo_rl.csv").read_text(encoding="utf-8")
+    )
+    out: list[RLHFRow] = []
+    for c in csv.DictReader(io.StringIO(text)):
+        seq, prompt = int(c["seq_len"]), int(c["prompt_len"])
+        fields: dict[str, object] = {
+            "method": "grpo",
+            "model": c["model"],
+            "hardware": c["hardware"],
+            "devices": int(c["devices"]),
+            "pp": int(c["pp"]),
+            "zero": int(c["zero"]),
+            "recompute": c["recompute"],
+            "micro_batch": int(c["micro_batch"]),
+            "global_batch": int(c["global_batch"]),
+            "group_size": int(c["group_size"]),
+            "train_batch": int(c["train_batch"]),
+            "seq_len": seq,
+            "gen_len": seq - prompt,
+            "response_len_mean": int(c["response_len_mean"]),
+            "rollout_engine_mem_fraction": float(c["rollout_engine_mem_fraction"]),
+            "placement": c["placement"],
+            "sequence_packing": c["sequence_packing"] == "true",
+            "reward_model": "none",
+            "stack": "megatron",
+            "rollout_engine": "vllm",
+        }
+        if int(c["rollout_tp"]) != 1:
+            fields["rollout_tp"] = int(c["rollout_tp"])
+        out.append(
+            RLHFRow(
+                name=c["name"],
+                dataset=c["dataset"],
+                split=c["split"],
+                verification=c["verification"],
+                metric=c["metric"],
+                published=float(c["published"]),
+                fields=fields,
+                scale_up_bytes_per_s=None,
+                source=c["source"],
+                notes=c["notes"],
+            )
+        )
+    return out
+
+
 def _system(row: RLHFRow) -> object:
     from trainplan.hardware import get_accelerator
     from trainplan.hardware.system import System
@@ -319,6 +382,10 @@ def _assumptions(row: RLHFRow) -> tuple[str, ...]:
         out.append(
             f"max lengths {int(str(row.fields['seq_len'])) - int(str(row.fields['gen_len']))}+{row.fields['gen_len']}"
         )
+    if "response_len_mean" in row.fields:
+        out.append(f"mean response {row.fields['response_len_mean']}")
+    if row.fields.get("sequence_packing"):
+        out.append("packed")
     return tuple(out)
 
 
@@ -341,7 +408,8 @@ def validate_rlhf_dataset(name: str) -> DatasetResult:
     if name == "rlhf_deepspeed_chat":
         epochs = [r for r in epoch_rows() if r.verification in ("VERBATIM", "DERIVED")]
         return DatasetResult(name=name, bound=bound, rows=tuple(epoch_row_result(r) for r in epochs))
-    chosen = [r for r in rows() if r.dataset == name and r.verification in ("VERBATIM", "DERIVED")]
+    every = nemo_rows() if name == "rlhf_nemo_rl_grpo" else rows()
+    chosen = [r for r in every if r.dataset == name and r.verification in ("VERBATIM", "DERIVED")]
     return DatasetResult(name=name, bound=bound, rows=tuple(row_result(r) for r in chosen))
 
 
@@ -351,6 +419,7 @@ __all__ = [
     "RLHFRow",
     "epoch_row_result",
     "epoch_rows",
+    "nemo_rows",
     "predict",
     "predict_epoch",
     "row_result",
