@@ -425,9 +425,10 @@ def timed_recipe(recipe: Recipe, spec: RLHFSpec | None, layout: Layout) -> Recip
     itself (padded to ``seq_len``), or with ``spec.sequence_packing`` each sequence at its real
     tokens (:func:`packed_seq_len`) — the same number of sequences, the padding removed. A packed
     micro-batch concatenates its sequences (``cu_seqlens``) and needs a variable-length attention
-    kernel: OpenRLHF asserts flash attention for ``--packing_samples``
-    (``openrlhf/cli/train_ppo_ray.py``), verl's ``use_remove_padding`` runs
-    ``flash_attn_varlen_func`` (``verl/models/transformers/monkey_patch.py``). Attention is timed
+    kernel so that no sequence attends to another: OpenRLHF runs ``--packing_samples`` with
+    ``--attn_implementation flash_attention_2`` (``examples/scripts/train_ppo_llama_with_reward_fn.sh``),
+    NeMo RL packs with its Megatron backend's THD (packed) layout (``grpo_math_1B.yaml``
+    ``policy.sequence_packing``), verl removes padding for flash-attention's varlen kernel. Attention is timed
     at the mean length: the mean of the squares of varying lengths is larger (a lower bound on
     that term). Memory stays at ``seq_len``: the largest micro-batch holds maximum-length responses."""
     if spec is None or not spec.sequence_packing:
