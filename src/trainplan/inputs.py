@@ -599,6 +599,21 @@ RLHF_FIELDS: Final = (
         "which initialises it)",
     ),
     Field(
+        name="critic_zero",
+        group="rlhf",
+        type=int,
+        choices=ZERO_STAGES,
+        help="ppo, colocated: the critic's ZeRO stage when not the actor's (DeepSpeed-Chat "
+        "--critic_zero_stage; default: --zero)",
+    ),
+    Field(
+        name="critic_offload",
+        group="rlhf",
+        choices=OFFLOADS,
+        help="ppo, colocated: what the critic keeps in host memory when not the actor's (DeepSpeed-Chat "
+        "--offload on a ZeRO-3 critic: optimizer+params; default: --offload)",
+    ),
+    Field(
         name="reference",
         group="rlhf",
         choices=RLHF_REFERENCES,
@@ -821,6 +836,8 @@ def build_rlhf(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> 
             "rollout_concurrency",
             "response_len_mean",
             "train_batch",
+            "critic_zero",
+            "critic_offload",
         )
         if values.get(k) is not None
     }

@@ -22,7 +22,9 @@ Memory per device is a sum of named terms per phase. With ``placement="colocated
 stays resident, so every phase holds all of them (peak = the resident sum plus the largest phase's
 own transients); with ``"offload-between-phases"`` each phase holds only its own models (vLLM
 sleep mode, DeepSpeed / OpenRLHF ``--deepspeed_enable_sleep``, verl ``param_offload``), so the peak
-is the largest phase. Disaggregated placement (a device group per model) is refused.
+is the largest phase. The critic may take its own ZeRO stage and offload on the shared devices
+(DeepSpeed-Chat's ZeRO-3 critic next to a ZeRO-2 actor); disaggregated placement (a device group
+per model, each with its own layout) is :func:`estimate_disaggregated`.
 
 Sources: DeepSpeed-Chat (Yao et al. 2023, arXiv:2308.01320, Sec. 4 Hybrid Engine); OpenRLHF (Hu et
 al. 2024, arXiv:2405.11143, Sec. 3); vLLM (Kwon et al. 2023, Sec. 4: PagedAttention KV cache,
@@ -55,12 +57,14 @@ from trainplan.memory import (
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import (
+    OFFLOADS,
     RLHF_ACTORS,
     RLHF_ENGINES,
     RLHF_METHODS,
     RLHF_PLACEMENTS,
     RLHF_REFERENCES,
     LoRASpec,
+    Offload,
     Recipe,
     RLHFActor,
     RLHFPlacement,
@@ -171,6 +175,17 @@ class RLHFSpec:
     ``prompt_len + response_len_mean`` tokens a sequence (:func:`timed_recipe`), their memory at
     ``prompt_len + gen_len`` (a micro-batch whose responses all reach the maximum). ``False``: padded
     to the maximum length (DeepSpeed-Chat, TRL, torchtune PPO)."""
+    critic_zero: int | None = None
+    """PPO, colocated placements: the critic's ZeRO stage when it is not the actor's (DeepSpeed-Chat
+    ``--critic_zero_stage``, ``--actor_zero_stage``: its Llama benchmark scripts train a ZeRO-2 actor
+    next to a ZeRO-3 critic). ``None``: the job's ``--zero``. Disaggregated groups give it as
+    ``critic=N:zeroK``."""
+    critic_offload: Offload | None = None
+    """PPO, colocated placements: what the critic keeps in host memory when not the actor's
+    ``--offload`` (DeepSpeed-Chat's ``--offload`` puts a ZeRO-3 critic's parameters and optimizer on
+    the CPU, ``dschat/utils/ds_utils.py`` ``get_train_ds_config``: ``offload_param`` and
+    ``offload_optimizer``, while its ZeRO-2 actor offloads the optimizer only). ``None``: the
+    job's."""
     placement: Placement = "colocated"
     train_batch: int | None = None
     """Sequences (PPO, GRPO) or pairs (DPO, RM) per optimizer update; the step's batch is cut into
@@ -249,6 +264,25 @@ class RLHFSpec:
             raise RecipeError("reward_model", f"{m} uses no reward model; drop --reward-model")
         if m != "ppo" and self.critic_model is not None:
             raise RecipeError("critic_model", f"{m} has no critic (PPO only); drop --critic-model")
+        for name in ("critic_zero", "critic_offload"):
+            if getattr(self, name) is None:
+                continue
+            flag = f"--{name.replace('_', '-')}"
+            if m != "ppo":
+                raise RecipeError(name, f"{m} has no critic (PPO only); drop {flag}")
+            if self.placement == "disaggregated":
+                raise RecipeError(
+                    name,
+                    f"{flag} sets the critic's layout on the shared devices; disaggregated, the critic's "
+                    "group has its own (--groups critic=N:zeroK, the job's --offload): drop it",
+                )
+        if self.critic_zero is not None and self.critic_zero not in (0, 1, 2, 3):
+            raise RecipeError("critic_zero", f"ZeRO stage must be 0, 1, 2 or 3, got {self.critic_zero!r}")
+        if self.critic_offload is not None and self.critic_offload not in OFFLOADS:
+            raise RecipeError(
+                "critic_offload",
+                f"unknown value {self.critic_offload!r}; choose one of {', '.join(OFFLOADS)}",
+            )
         if m != "grpo" and self.group_size != 1:
             raise RecipeError("group_size", "samples per prompt is a GRPO setting; use --method grpo")
         if self.train_batch is not None and self.train_batch <= 0:
@@ -466,6 +500,23 @@ def scored_models(policy: ModelSpec, spec: RLHFSpec) -> tuple[ScoredModel, ...]:
     if spec.method == "ppo":
         out.append(ScoredModel(role="critic values", model=critic_of(policy, spec), resident=False))
     return tuple(out)
+
+
+def critic_layout(layout: Layout, spec: RLHFSpec) -> Layout:
+    """The critic's layout on the colocated devices: the job's, with ``spec.critic_zero`` when
+    given (the same devices and data parallelism; only the sharding of its states differs)."""
+    if spec.critic_zero is None or spec.critic_zero == layout.zero:
+        return layout
+    return dataclasses.replace(layout, zero=spec.critic_zero)
+
+
+def critic_recipe(update: Recipe, spec: RLHFSpec) -> Recipe:
+    """The critic's training recipe: one update of :func:`update_recipe`, fully trained (a LoRA
+    actor's adapters are not the critic's), with ``spec.critic_offload`` when given."""
+    rec = dataclasses.replace(update, method="full", lora=None)
+    if spec.critic_offload is not None:
+        rec = dataclasses.replace(rec, offload=spec.critic_offload)
+    return rec
 
 
 def critic_of(policy: ModelSpec, spec: RLHFSpec) -> ModelSpec:
@@ -1216,13 +1267,15 @@ def estimate_rlhf(
     persistent: list[tuple[str, float]] = [("actor training states", actor_memory.model_states_bytes)]
     critic_mem: MemoryBreakdown | None = None
     critic_time: TimeBreakdown | None = None
+    clay = critic_layout(layout, spec)
     if spec.method == "ppo":
         critic = critic_of(policy, spec)
-        crec = dataclasses.replace(urec, method="full", lora=None)
+        crec = critic_recipe(urec, spec)
+        clay.check_model(critic)
         critic_mem = memory_breakdown(
-            critic, crec, layout, capacity_bytes=cap, num_microbatches=num_microbatches
+            critic, crec, clay, capacity_bytes=cap, num_microbatches=num_microbatches
         )
-        critic_time = step_time(system, critic, timed_recipe(crec, spec, layout), layout, memory=critic_mem)
+        critic_time = step_time(system, critic, timed_recipe(crec, spec, clay), clay, memory=critic_mem)
         persistent.append(("critic training states", critic_mem.model_states_bytes))
     rollout_only: list[tuple[str, float]] = []
     scored = scored_models(policy, spec)
@@ -1320,10 +1373,11 @@ def estimate_rlhf(
     # Time terms.
     scoring_s = 0.0
     scoring_flops = 0.0
-    scored_recipe = timed_recipe(frozen, spec, layout)
     for sm in scored:
-        scoring_s += _forward_s(system, sm.model, scored_recipe, layout)
-        scoring_flops += _forward_flops(sm.model, scored_recipe, layout)
+        lay_s = clay if sm.role == "critic values" else layout
+        scored_recipe = timed_recipe(frozen, spec, lay_s)
+        scoring_s += _forward_s(system, sm.model, scored_recipe, lay_s)
+        scoring_flops += _forward_flops(sm.model, scored_recipe, lay_s)
     critic_s = updates * critic_time.step_s if critic_time is not None else 0.0
     sync_bytes = 0.0
     if ro is not None and spec.rollout_engine != "trainer":
