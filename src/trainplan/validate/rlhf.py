@@ -128,6 +128,10 @@ def rows() -> list[RLHFRow]:
             fields["groups"] = c["groups"]
         if int(c["rollout_tp"]) != 1:
             fields["rollout_tp"] = int(c["rollout_tp"])
+        if c["critic_zero"]:
+            fields["critic_zero"] = int(c["critic_zero"])
+        if c["critic_offload"]:
+            fields["critic_offload"] = c["critic_offload"]
         out.append(
             RLHFRow(
                 name=c["name"],
@@ -376,6 +380,10 @@ def _assumptions(row: RLHFRow) -> tuple[str, ...]:
     ]
     if "groups" in row.fields:
         out.append(f"groups {row.fields['groups']}")
+    if "critic_zero" in row.fields:
+        out.append(
+            f"critic ZeRO-{row.fields['critic_zero']}, offload {row.fields.get('critic_offload', 'as the actor')}"
+        )
     if row.scale_up_bytes_per_s is not None:
         out.append(f"A800 NVLink {row.scale_up_bytes_per_s / 1e9:.0f} GB/s one direction")
     if row.metric != "fits":
