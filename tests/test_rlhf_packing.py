@@ -106,11 +106,11 @@ def test_nemo_rl_grpo_rows_validate_within_their_bound() -> None:
     from trainplan.validate.rlhf import RLHF_DATASETS, nemo_rows, predict, validate_rlhf_dataset
 
     rows = nemo_rows()
-    assert len(rows) == 3 and all(r.split == "validate" for r in rows)  # nothing fitted on them
+    assert len(rows) == 7 and all(r.split == "validate" for r in rows)  # nothing fitted on them
     assert all(r.source.startswith("https://github.com/NVIDIA-NeMo/RL/blob/") for r in rows)
     assert all(r.fields["sequence_packing"] is True for r in rows)
     res = validate_rlhf_dataset("rlhf_nemo_rl_grpo")
-    assert len(res.scored) == 3 and res.passed
+    assert len(res.scored) == 7 and res.passed
     assert res.bound == RLHF_DATASETS["rlhf_nemo_rl_grpo"][0]
     # packing is what brings the published step in reach: padded to 4,096 every row is slower
     for r in rows:
