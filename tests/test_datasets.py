@@ -97,7 +97,10 @@ def test_judged_datasets_never_calibrate() -> None:
         "maxtext_tpu",
         "neuron_trn1",
         "mlperf51_llama2_70b_lora",
+        # the Llama 3.1 8B rows chose the Hugging Face memory terms; the 70B rows judge them
+        "unsloth_hf_context",
     }
+    assert {r.split for r in ALL["unsloth_hf_context"] if r.model == "llama-3.1-70b"} == {"validate"}
 
 
 SMALLEST_PUBLISHED_RUN: dict[str, int] = {"maxtext_tpu": 512, "neuron_trn1": 256}

@@ -64,6 +64,12 @@ class Engine:
     zero_stages: Setting[tuple[int, ...]]
     """The ZeRO stages its data parallelism has (DDP = 0, FSDP full shard = 3)."""
     export_note: str = ""
+    kbit_fp32_upcast: Setting[bool] = Setting(
+        value=False,
+        source="the engine's own QLoRA path keeps the 16-bit embedding, LM head and norms as loaded",
+    )
+    """QLoRA through PEFT's ``prepare_model_for_kbit_training`` (``Recipe.kbit_fp32_upcast``):
+    applies to ``--method qlora`` only."""
 
     def capabilities(self) -> dict[str, Setting[tuple[object, ...]]]:
         """What the engine can run: a request naming the engine is held to these, and the
@@ -164,8 +170,11 @@ def _pytorch_family(
     recomputes: Setting[tuple[str, ...]],
     zero_stages: Setting[tuple[int, ...]],
     note: str = "",
+    kbit_upcast: Setting[bool] | None = None,
 ) -> Engine:
+    extra = {} if kbit_upcast is None else {"kbit_fp32_upcast": kbit_upcast}
     return Engine(
+        **extra,
         recomputes=recomputes,
         zero_stages=zero_stages,
         name=name,
@@ -349,6 +358,12 @@ register(
         recomputes=_BLOCK_RECOMPUTE,
         zero_stages=_ACCELERATE_ZERO,
         note="the Trainer runs under `accelerate launch`; the accelerate target writes that config",
+        kbit_upcast=Setting(
+            value=True,
+            source="huggingface/peft v0.14.0 src/peft/utils/other.py prepare_model_for_kbit_training (lines "
+            "135-140: every 16-bit parameter that is not Params4bit cast to float32), the QLoRA recipe of the "
+            "PEFT and TRL docs; QLoRA only",
+        ),
     )
 )
 register(
@@ -405,6 +420,7 @@ ENGINE_FIELDS: Final = (
     "tp_comm_overlap",
     "pp_comm_overlap",
     "grad_accumulation",
+    "kbit_fp32_upcast",
 )
 """The input fields an engine fills when the request leaves them unset (``None``)."""
 

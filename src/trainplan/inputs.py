@@ -517,6 +517,20 @@ RECIPE_FIELDS: Final = (
         "full (or sac) recompute by PyTorch's non-reentrant checkpoint with early stop (FSDP2, "
         "torchtune, Accelerate): the trailing GEMM no saved tensor needs is not recomputed",
     ),
+    _engine_switch(
+        "kbit_fp32_upcast",
+        "recipe",
+        "QLoRA prepared by PEFT's prepare_model_for_kbit_training (the Hugging Face Trainer path): "
+        "embedding, LM head and norms cast to FP32, so the residual stream and the block inputs a "
+        "checkpoint keeps are FP32 (applies to --method qlora)",
+    ),
+    _switch(
+        "logits_shift_copy",
+        "recipe",
+        "the loss of Hugging Face transformers 4.46-4.49 (ForCausalLMLoss): an FP32 contiguous copy of "
+        "the shifted logits alive with their 16-bit and FP32 forms while cross-entropy runs "
+        "(4.50 and later make no copy)",
+    ),
     Field(
         name="attention",
         group="recipe",
@@ -1374,6 +1388,10 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         optimizer_in_backward=values.get("optimizer_in_backward", False),
         paged_optimizer=values.get("paged_optimizer", False),
         recompute_early_stop=bool(applied.values["recompute_early_stop"]),
+        # the engine's k-bit path applies to QLoRA; given by flag with another method it is refused
+        kbit_fp32_upcast=bool(applied.values["kbit_fp32_upcast"])
+        and (method == "qlora" or "kbit_fp32_upcast" in applied.explicit),
+        logits_shift_copy=bool(values.get("logits_shift_copy", False)),
         recompute_every=values.get("recompute_every") or 1,
         stack=applied.values["stack"],  # type: ignore[arg-type]
     )
