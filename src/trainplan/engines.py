@@ -70,6 +70,11 @@ class Engine:
     )
     """QLoRA through PEFT's ``prepare_model_for_kbit_training`` (``Recipe.kbit_fp32_upcast``):
     applies to ``--method qlora`` only."""
+    torch_compile: Setting[bool] = Setting(
+        value=False,
+        source="fused kernels of the stack's own (Transformer Engine); torch.compile does not apply",
+    )
+    """Whether the engine runs the model under ``torch.compile`` by default (``Recipe.torch_compile``)."""
 
     def capabilities(self) -> dict[str, Setting[tuple[object, ...]]]:
         """What the engine can run: a request naming the engine is held to these, and the
@@ -171,8 +176,12 @@ def _pytorch_family(
     zero_stages: Setting[tuple[int, ...]],
     note: str = "",
     kbit_upcast: Setting[bool] | None = None,
+    compile_default: Setting[bool] | None = None,
 ) -> Engine:
-    extra = {} if kbit_upcast is None else {"kbit_fp32_upcast": kbit_upcast}
+    extra: dict[str, Setting[bool]] = {} if kbit_upcast is None else {"kbit_fp32_upcast": kbit_upcast}
+    extra["torch_compile"] = compile_default or Setting(
+        value=False, source="eager PyTorch unless the model is wrapped in torch.compile by the user"
+    )
     return Engine(
         **extra,
         recomputes=recomputes,
@@ -284,6 +293,10 @@ register(
         ),
         accumulation=_FSDP_FUSED,
         export="torchtitan",
+        compile_default=Setting(
+            value=False,
+            source=f"{_TT} torchtitan/config/job_config.py [compile] enable = false (lines 721-722)",
+        ),
         recomputes=Setting(
             value=("none", "full", "sac"),
             source=f"{_TT} torchtitan/config/job_config.py [activation_checkpoint] mode = none | full | "
@@ -319,6 +332,11 @@ register(
             value=(0, 3), source="pytorch/torchtune recipes: single device, or FSDP2 fully_shard (full shard)"
         ),
         note="trainplan writes no torchtune recipe YAML; the torchtitan target writes the same FSDP2 job",
+        compile_default=Setting(
+            value=False,
+            source="pytorch/torchtune recipes/configs/*.yaml compile: False (e.g. llama3_2/3B_full_single_device.yaml "
+            "at 1814feb17); the README's tables turn it on",
+        ),
     )
 )
 register(
@@ -363,6 +381,11 @@ register(
             source="huggingface/peft v0.14.0 src/peft/utils/other.py prepare_model_for_kbit_training (lines "
             "135-140: every 16-bit parameter that is not Params4bit cast to float32), the QLoRA recipe of the "
             "PEFT and TRL docs; QLoRA only",
+        ),
+        compile_default=Setting(
+            value=False,
+            source="huggingface/transformers src/transformers/training_args.py TrainingArguments.torch_compile "
+            "(default False)",
         ),
     )
 )
@@ -421,6 +444,7 @@ ENGINE_FIELDS: Final = (
     "pp_comm_overlap",
     "grad_accumulation",
     "kbit_fp32_upcast",
+    "torch_compile",
 )
 """The input fields an engine fills when the request leaves them unset (``None``)."""
 

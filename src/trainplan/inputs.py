@@ -524,6 +524,12 @@ RECIPE_FIELDS: Final = (
         "embedding, LM head and norms cast to FP32, so the residual stream and the block inputs a "
         "checkpoint keeps are FP32 (applies to --method qlora)",
     ),
+    _engine_switch(
+        "torch_compile",
+        "recipe",
+        "the model under torch.compile: fused elementwise kernels; without it the pytorch stack runs "
+        "RMSNorm, rotary embeddings and gated activations as eager chains of kernels (pytorch stack only)",
+    ),
     _switch(
         "logits_shift_copy",
         "recipe",
@@ -1392,6 +1398,9 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         kbit_fp32_upcast=bool(applied.values["kbit_fp32_upcast"])
         and (method == "qlora" or "kbit_fp32_upcast" in applied.explicit),
         logits_shift_copy=bool(values.get("logits_shift_copy", False)),
+        # the engine's compile default means something on the pytorch stack only; a flag elsewhere is refused
+        torch_compile=bool(applied.values["torch_compile"])
+        and (applied.values["stack"] == "pytorch" or "torch_compile" in applied.explicit),
         recompute_every=values.get("recompute_every") or 1,
         stack=applied.values["stack"],  # type: ignore[arg-type]
     )

@@ -259,6 +259,14 @@ class Recipe:
     blocks wrapped in the process, the block wrapped when ``count % n == 0``, so the n-th,
     2n-th, … blocks of a stage, 1-based). 1 = every block (plain full recompute). See
     :func:`recomputes_block`."""
+    torch_compile: bool = False
+    """The model runs under ``torch.compile`` (inductor), which fuses each chain of elementwise
+    kernels into one: the memory-bound ops cost the fused kernels' traffic. Without it, on the
+    pytorch stack, RMSNorm, rotary embeddings and gated activations run as PyTorch's eager chains
+    of kernels (:func:`trainplan.flops.eager_kernels`). torchtitan ``[compile] enable`` (default
+    false, torchtitan/config/job_config.py), torchtune ``compile`` (default False), Hugging Face
+    ``TrainingArguments.torch_compile`` (default False). Only the pytorch stack: the other stacks
+    fuse their own kernels (the flag would change nothing and is refused)."""
     kbit_fp32_upcast: bool = False
     """QLoRA prepared by PEFT's ``prepare_model_for_kbit_training`` (the Hugging Face k-bit path):
     every parameter that is not 4-bit (embedding, LM head, norms) is cast to FP32
@@ -329,6 +337,14 @@ class Recipe:
             raise RecipeError(
                 "loss_chunks",
                 f"{self.loss_chunks} chunks exceed the sequence length {self.seq_len}; use at most one per token",
+            )
+        if not isinstance(self.torch_compile, bool):
+            raise RecipeError("torch_compile", f"must be true or false, got {self.torch_compile!r}")
+        if self.torch_compile and self.stack != "pytorch":
+            raise RecipeError(
+                "torch_compile",
+                f"the {self.stack} stack runs its own fused or compiled kernels, so torch.compile changes "
+                "nothing in the model; drop --torch-compile or use --stack pytorch",
             )
         for name in ("kbit_fp32_upcast", "logits_shift_copy"):
             if not isinstance(getattr(self, name), bool):

@@ -127,7 +127,7 @@ class RecipeFlags:
         optimizer_in_backward  each parameter stepped inside the backward (torchtune optimizer_in_bwd)
         no_master_weights      pure 16-bit training: no FP32 master copy, optimizer states in the
                                weight dtype (torchtune ``dtype: bf16``)
-        torch_compile          torch.compile on (recorded; the step-time model has no compile term)
+        torch_compile          torch.compile on → ``Recipe.torch_compile`` (fused memory-bound ops)
         packed                 samples packed into sequences of exactly ``seq_len`` tokens
         loss_chunks=N          cross-entropy in N sequence chunks (torchtune CEWithChunkedOutputLoss)
         lora_rank=R            LoRA rank
