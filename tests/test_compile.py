@@ -64,3 +64,25 @@ def test_torchtitan_compile_pairs() -> None:
         predicted = res[on].predicted / res[off].predicted  # type: ignore[operator]
         assert predicted == pytest.approx(published, rel=0.03)
         assert abs(res[off].error) < 0.05  # type: ignore[arg-type]
+
+
+def test_torchtitan_export_compiles_what_the_estimate_priced() -> None:
+    from trainplan.export.torchtitan import build_config
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+    from trainplan.layout import Layout
+
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=8)
+    model = load_model("llama-3.1-8b")
+    layout = Layout(dp=8, zero=3)
+    base = Recipe(stack="pytorch", seq_len=8192, micro_batch=1, global_batch=8)
+    for compiled in (False, True):
+        config, _, warnings = build_config(
+            system, model, Recipe(**{**vars(base), "torch_compile": compiled}), layout
+        )
+        assert config["compile"]["enable"] is compiled  # type: ignore[index]
+        assert not any("torch.compile" in w for w in warnings)
+    fp8 = Recipe(**{**vars(base), "precision": "fp8"})
+    config, _, warnings = build_config(system, model, fp8, layout)
+    assert config["compile"]["enable"] is True  # type: ignore[index]
+    assert any("--torch-compile" in w for w in warnings)
