@@ -46,7 +46,8 @@ def test_upcast_makes_the_residual_stream_fp32() -> None:
     plain = layer_activations(M8, _qlora(recompute="none"), Layout(), 0).terms
     for k in ("attn_norm_input", "qkv_input", "mlp_norm_input", "mlp_input"):
         assert none[k] == 2 * plain[k]
-    assert none["mlp_intermediate"] == plain["mlp_intermediate"]
+    assert none["mlp_intermediate"] == 2 * plain["mlp_intermediate"]
+    assert none["q_k_v"] == plain["q_k_v"]
 
 
 def test_shift_copy_loss_forward_is_the_peak() -> None:

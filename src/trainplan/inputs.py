@@ -542,7 +542,8 @@ RECIPE_FIELDS: Final = (
         group="recipe",
         default=_default(Recipe, "attention"),
         choices=ATTENTIONS,
-        help="attention kernel: flash (no s² scores kept) or eager",
+        help="attention kernel: flash (no s² scores kept: FlashAttention-2/3, or PyTorch SDPA's flash and "
+        "memory-efficient kernels, Hugging Face attn_implementation sdpa / flash_attention_2) or eager",
     ),
     Field(
         name="offload",

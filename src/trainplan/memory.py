@@ -678,7 +678,10 @@ def layer_activations(
                 # is also what ``sigmoid`` saves for its own backward.
                 terms["shared_gate"] = moe.num_shared_experts * e * tokens * (h + 1)
     else:
-        terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, e, "", down_trained=down))
+        # Under kbit_fp32_upcast the 4-bit gate and up projections return their FP32 input's dtype
+        # (bitsandbytes Linear4bit.forward: ``out.to(inp_dtype)``), so the activation's input and
+        # output, the up output and their product are FP32 too: er bytes each.
+        terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, er, "", down_trained=down))
     return LayerActivations(terms=terms)
 
 

@@ -277,7 +277,10 @@ class Recipe:
     FP32 weight, the bitsandbytes 4-bit linears return ``out.to(inp_dtype)`` in their input's
     dtype, and the residual adds promote to FP32 — so every block input and norm output a block
     saves (and the block input a checkpoint keeps) is 4 bytes per element
-    (:func:`trainplan.memory.residual_bytes_per_element`). QLoRA only."""
+    (:func:`trainplan.memory.residual_bytes_per_element`), and so are the gated MLP's saved
+    intermediates, the 4-bit gate and up projections returning FP32. The q, k and v inputs of
+    FlashAttention-2 are cast back to 16 bits by transformers (``_flash_attention_forward``).
+    QLoRA only."""
     logits_shift_copy: bool = False
     """The loss of Hugging Face transformers 4.46-4.49 (``src/transformers/loss/loss_utils.py``
     ``ForCausalLMLoss``: ``logits = logits.float()`` then ``shift_logits = logits[..., :-1,
