@@ -103,3 +103,18 @@ def test_oom_rows_do_not_fit() -> None:
 def test_recipe_is_the_trainer_run() -> None:
     r = hf_qlora_recipe(4096)
     assert r.kbit_fp32_upcast and r.logits_shift_copy and r.recompute == "full" and r.attention == "flash"
+
+
+def test_hf_eager_softmax_keeps_fp32_scores_and_a_copy() -> None:
+    s, a = 2048, M8.num_heads
+    eager = _qlora(recompute="none", attention="eager")
+    hf = _qlora(recompute="none", attention="eager", softmax_fp32=True)
+    plain = layer_activations(M8, eager, Layout(), 1).terms["attn_scores"]
+    assert plain == pytest.approx(2.0 * a * s * s)
+    assert layer_activations(M8, hf, Layout(), 1).terms["attn_scores"] == pytest.approx(6.0 * a * s * s)
+    with pytest.raises(RecipeError, match="softmax_fp32"):
+        _qlora(softmax_fp32=True)  # flash keeps no scores
+    values = _values()
+    assert build_recipe(values | {"engine": "hf-trainer", "attention": "eager"}).softmax_fp32
+    assert not build_recipe(values | {"engine": "hf-trainer"}).softmax_fp32  # flash
+    assert not build_recipe(values | {"engine": "torchtitan", "attention": "eager"}).softmax_fp32

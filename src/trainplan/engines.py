@@ -75,6 +75,12 @@ class Engine:
         source="fused kernels of the stack's own (Transformer Engine); torch.compile does not apply",
     )
     """Whether the engine runs the model under ``torch.compile`` by default (``Recipe.torch_compile``)."""
+    softmax_fp32: Setting[bool] = Setting(
+        value=False,
+        source="its eager attention keeps the softmax output in the compute dtype",
+    )
+    """Eager attention with an FP32 softmax and a 16-bit copy (``Recipe.softmax_fp32``): applies
+    to ``--attention eager`` only."""
 
     def capabilities(self) -> dict[str, Setting[tuple[object, ...]]]:
         """What the engine can run: a request naming the engine is held to these, and the
@@ -177,8 +183,11 @@ def _pytorch_family(
     note: str = "",
     kbit_upcast: Setting[bool] | None = None,
     compile_default: Setting[bool] | None = None,
+    softmax_fp32: Setting[bool] | None = None,
 ) -> Engine:
     extra: dict[str, Setting[bool]] = {} if kbit_upcast is None else {"kbit_fp32_upcast": kbit_upcast}
+    if softmax_fp32 is not None:
+        extra["softmax_fp32"] = softmax_fp32
     extra["torch_compile"] = compile_default or Setting(
         value=False, source="eager PyTorch unless the model is wrapped in torch.compile by the user"
     )
@@ -387,6 +396,11 @@ register(
             source="huggingface/transformers src/transformers/training_args.py TrainingArguments.torch_compile "
             "(default False)",
         ),
+        softmax_fp32=Setting(
+            value=True,
+            source="huggingface/transformers src/transformers/models/llama/modeling_llama.py eager_attention_forward: "
+            "softmax(dtype=torch.float32).to(query.dtype) (attn_implementation='eager' only)",
+        ),
     )
 )
 register(
@@ -445,6 +459,7 @@ ENGINE_FIELDS: Final = (
     "grad_accumulation",
     "kbit_fp32_upcast",
     "torch_compile",
+    "softmax_fp32",
 )
 """The input fields an engine fills when the request leaves them unset (``None``)."""
 

@@ -530,6 +530,12 @@ RECIPE_FIELDS: Final = (
         "the model under torch.compile: fused elementwise kernels; without it the pytorch stack runs "
         "RMSNorm, rotary embeddings and gated activations as eager chains of kernels (pytorch stack only)",
     ),
+    _engine_switch(
+        "softmax_fp32",
+        "recipe",
+        "eager attention with the softmax in FP32 (Hugging Face transformers eager_attention_forward): its FP32 "
+        "output and a 16-bit copy saved per score (applies to --attention eager)",
+    ),
     _switch(
         "logits_shift_copy",
         "recipe",
@@ -1399,6 +1405,9 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         kbit_fp32_upcast=bool(applied.values["kbit_fp32_upcast"])
         and (method == "qlora" or "kbit_fp32_upcast" in applied.explicit),
         logits_shift_copy=bool(values.get("logits_shift_copy", False)),
+        # the engine's eager-attention convention applies to eager attention; a flag with flash is refused
+        softmax_fp32=bool(applied.values["softmax_fp32"])
+        and (values["attention"] == "eager" or "softmax_fp32" in applied.explicit),
         # the engine's compile default means something on the pytorch stack only; a flag elsewhere is refused
         torch_compile=bool(applied.values["torch_compile"])
         and (applied.values["stack"] == "pytorch" or "torch_compile" in applied.explicit),

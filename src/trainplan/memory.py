@@ -629,7 +629,8 @@ def layer_activations(
         terms["qk_norm"] = e * tokens * (q_local + g_local) + 4.0 * tokens * per_token_stats
     core_s2 = 0.0
     if recipe.attention == "eager":
-        core_s2 = e * b * a_local * s * s_kv  # softmax output
+        # softmax output (Hugging Face's FP32 softmax: its FP32 output and the 16-bit copy)
+        core_s2 = (e + (4.0 if recipe.softmax_fp32 else 0.0)) * b * a_local * s * s_kv
         if dropout:
             core_s2 += 1.0 * b * a_local * s * s_kv + e * b * a_local * s * s_kv  # mask + dropout output
         if "o" in trained:

@@ -190,6 +190,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "torch_compile": recipe.torch_compile,
         "kbit_fp32_upcast": recipe.kbit_fp32_upcast,
         "logits_shift_copy": recipe.logits_shift_copy,
+        "softmax_fp32": recipe.softmax_fp32,
     }
     if recipe.lora is not None:
         out["lora"] = {

@@ -281,6 +281,12 @@ class Recipe:
     intermediates, the 4-bit gate and up projections returning FP32. The q, k and v inputs of
     FlashAttention-2 are cast back to 16 bits by transformers (``_flash_attention_forward``).
     QLoRA only."""
+    softmax_fp32: bool = False
+    """Eager attention as Hugging Face transformers writes it (``eager_attention_forward`` in
+    ``src/transformers/models/llama/modeling_llama.py``: ``softmax(attn_weights, dim=-1,
+    dtype=torch.float32).to(query.dtype)``): the softmax runs in FP32 and saves its FP32 output,
+    and the 16-bit copy is saved again by the product with V — (4 + e) bytes per score instead
+    of e. ``attention="eager"`` only (FlashAttention and SDPA keep no scores)."""
     logits_shift_copy: bool = False
     """The loss of Hugging Face transformers 4.46-4.49 (``src/transformers/loss/loss_utils.py``
     ``ForCausalLMLoss``: ``logits = logits.float()`` then ``shift_logits = logits[..., :-1,
@@ -349,7 +355,13 @@ class Recipe:
                 f"the {self.stack} stack runs its own fused or compiled kernels, so torch.compile changes "
                 "nothing in the model; drop --torch-compile or use --stack pytorch",
             )
-        for name in ("kbit_fp32_upcast", "logits_shift_copy"):
+        if self.softmax_fp32 and self.attention != "eager":
+            raise RecipeError(
+                "softmax_fp32",
+                f"the FP32 softmax copy is a tensor of eager attention; attention {self.attention!r} keeps no "
+                "scores: drop --softmax-fp32 or use --attention eager",
+            )
+        for name in ("kbit_fp32_upcast", "logits_shift_copy", "softmax_fp32"):
             if not isinstance(getattr(self, name), bool):
                 raise RecipeError(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.kbit_fp32_upcast and self.method != "qlora":
