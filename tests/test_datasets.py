@@ -97,7 +97,10 @@ def test_judged_datasets_never_calibrate() -> None:
         "maxtext_tpu",
         "neuron_trn1",
         "mlperf51_llama2_70b_lora",
+        # the Llama 3.1 8B rows chose the Hugging Face memory terms; the 70B rows judge them
+        "unsloth_hf_context",
     }
+    assert {r.split for r in ALL["unsloth_hf_context"] if r.model == "llama-3.1-70b"} == {"validate"}
 
 
 SMALLEST_PUBLISHED_RUN: dict[str, int] = {"maxtext_tpu": 512, "neuron_trn1": 256}
@@ -481,8 +484,13 @@ def test_recipe_columns_default_where_absent() -> None:
                 recompute_early_stop=f.recompute_early_stop,
                 pp_split_embedding=f.pp_split_embedding,
                 pp_split_head=f.pp_split_head,
+                torch_compile=f.torch_compile,
             )
             assert r.optimizer is None and r.offload is None and f == only_comm, r.name
+            if name == "torchtitan_llama3":
+                assert f.torch_compile == ("torch.compile" in r.variant), r.name
+            else:
+                assert not f.torch_compile, r.name
 
 
 def test_overlap_flags_follow_the_runs_configs() -> None:
@@ -530,7 +538,13 @@ TORCHTUNE_RECIPES: dict[str, tuple[object, ...]] = {
     "torchtune-12": ("full", "adamw", "none", False, False, 1, None, 3, 4, 16, 2048, False, False),
     "torchtune-13": ("full", "adamw", "none", False, False, 1, (16, 32, _QKV), 3, 4, 32, 4096, False, False),
     "torchtune-14": ("unstated", "adamw", "none", True, False, 1, None, 3, 4, None, 4096, False, False),
+    # 1814feb17 (2024-11) "Optimization flags": Llama 3.2 3B, one A100, batch 2, packed to 4096
+    "torchtune-15": ("none", "adamw", "none", False, False, 1, None, 0, 2, 2, 4096, False, True),
+    "torchtune-16": ("none", "adamw", "none", False, False, 1, None, 0, 2, 2, 4096, True, True),
+    "torchtune-17": ("none", "adamw", "none", False, False, 8, None, 0, 2, 2, 4096, True, True),
+    "torchtune-18": ("full", "adamw", "none", False, False, 8, None, 0, 2, 2, 4096, True, True),
 }
+_TORCHTUNE_COMMIT = {"2024-09": "30b8519e8", "2024-11": "1814feb17"}
 
 
 def test_torchtune_rows_carry_their_config_recipe() -> None:
@@ -545,12 +559,12 @@ def test_torchtune_rows_carry_their_config_recipe() -> None:
         f = r.recipe_flags
         assert (f.torch_compile, f.packed, f.master_weights) == (compiled, packed, False), r.name
         # Every filled value cites its config and commit.
-        commit = "30b8519e8" if r.date.startswith("2024-09") else "0217d44c2"
+        commit = _TORCHTUNE_COMMIT.get(r.date[:7], "0217d44c2")
         assert commit in r.source and commit in r.notes, r.name
         assert "recipes/configs/" in r.source or "no config" in r.notes, r.name
         # Rows whose configuration is not fully published are not scored: the 2024-05 table's tokens
         # per step (max_seq_len truncation, padded batches) and the A6000 rows' inferred checkpointing.
-        assert r.is_target == (r.date.startswith("2024-09") and "a6000" not in r.hardware), r.name
+        assert r.is_target == (r.date[:7] in _TORCHTUNE_COMMIT and "a6000" not in r.hardware), r.name
 
         # The recipe row_inputs builds is the row's (the A6000 is not in the catalog; the recipe
         # does not depend on the device).
@@ -560,6 +574,7 @@ def test_torchtune_rows_carry_their_config_recipe() -> None:
         assert (recipe.optimizer, recipe.offload) == (opt, off), r.name
         assert (recipe.paged_optimizer, recipe.optimizer_in_backward) == (paged, in_bwd), r.name
         assert recipe.master_weights is False and recipe.loss_chunks == chunks, r.name
+        assert recipe.torch_compile == compiled, r.name
         assert (recipe.micro_batch, recipe.global_batch, recipe.seq_len) == (micro, gbs, seq), r.name
         assert recipe.precision == "bf16" and recipe.method == r.method, r.name
         assert layout.zero == zero and layout.dp == r.num_devices, r.name

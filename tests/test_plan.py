@@ -125,6 +125,26 @@ def test_bulk_equals_scalar_on_every_reported_field(model_name: str, method: Met
             _scalar(model, accs, cores, cand, prices, recipe, i)
 
 
+def test_bulk_equals_scalar_for_the_hugging_face_qlora_terms() -> None:
+    """The PEFT FP32 upcast and the transformers loss copy (the loss-forward moment) are the same
+    terms in the planner's arrays as in the estimate."""
+    recipe = Recipe(
+        method="qlora",
+        tokens=1e9,
+        global_batch=32,
+        seq_len=8192,
+        kbit_fp32_upcast=True,
+        logits_shift_copy=True,
+    )
+    space = SearchSpace(micro_batches=(1, 2), recomputes=("none", "full"), max_devices=16)
+    model, accs, cores, cand, prices, res = _bulk("llama-3.2-1b", recipe, ("h100-sxm", "a100-80gb"), space)
+    feasible = np.nonzero(res.feasible)[0]
+    assert feasible.size > 20
+    rng = np.random.default_rng(3)
+    picked = rng.choice(feasible, min(40, feasible.size), replace=False).tolist()
+    assert _fields_equal_scalar(model, accs, cores, cand, prices, recipe, res, picked) > 500
+
+
 @pytest.mark.parametrize("model_name", ["llama-3.2-1b", "qwen2.5-7b"])
 def test_bulk_equals_scalar_for_per_op_selective_checkpointing(model_name: str) -> None:
     """recompute="sac" candidates: every reported field equals the scalar estimate; the cores the

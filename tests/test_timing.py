@@ -430,7 +430,8 @@ def test_stack_kappa_fitted_or_derived_from_the_ratio() -> None:
     assert calibrated_kappa("mi250x", "pytorch") is None  # no Megatron κ to scale either
     r = Recipe(seq_len=2048, global_batch=8)
     mega_t = est("b200", 8, Layout(dp=8, zero=3), r).time
-    torch_t = est("b200", 8, Layout(dp=8, zero=3), replace(r, stack="pytorch")).time
+    # compiled: the same fused kernels, so only κ differs (eager kernels cost more: test_compile.py)
+    torch_t = est("b200", 8, Layout(dp=8, zero=3), replace(r, stack="pytorch", torch_compile=True)).time
     assert torch_t.compute_s == pytest.approx(mega_t.compute_s * mega_t.kappa / torch_t.kappa)
     assert any("ratio" in n for n in torch_t.notes)
 

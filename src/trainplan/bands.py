@@ -38,7 +38,9 @@ a prediction p lies in [p·e^lo, p·e^hi]. For n residuals with mean m and stand
                 is one more draw of the dataset biases, and a class of one dataset cannot show it)
 
 and the band is the union of the conformal and normal intervals, each end widened outward by
-the dataset shift. α = 0.1 (a 90% band). The held-out coverage of this rule (bands derived
+the dataset shift. α = 0.1 (a 90% band). A class whose rows come from one dataset is widened at
+lookup to envelope the first pooled class of its fallback order that holds two datasets or more
+(:meth:`BandTable.lookup`): one dataset shows neither the bias nor the spread of the next. The held-out coverage of this rule (bands derived
 without a dataset, scored on it) is in docs/validation.md.
 
 Step time carries the band of the step-time class; tokens/s = tokens per step / step time takes
@@ -295,20 +297,30 @@ class BandTable:
         return {q: {c.name: c for c in self.classes if c.quantity == q} for q in QUANTITIES}
 
     def lookup(self, quantity: Quantity, key: ClassKey) -> Band:
-        """The band of the first class in the fallback order with rows; else uncalibrated."""
+        """The band of the first class in the fallback order with rows; else uncalibrated.
+
+        A class whose rows all come from one dataset cannot show how the rows of another
+        dataset spread around their bias: its band is widened to envelope the band of the first
+        pooled class of the fallback order that holds two datasets or more, where there is one
+        (never narrowed by it)."""
         by_name = self._by_name[quantity]
-        for k in key.fallbacks():
-            c = by_name.get(k.name)
-            if c is not None:
-                return Band(
-                    quantity=quantity,
-                    class_name=c.name,
-                    family=key.family,
-                    rows=c.rows,
-                    calibrated=True,
-                    low=c.low,
-                    high=c.high,
-                )
+        chain = [c for c in (by_name.get(k.name) for k in key.fallbacks()) if c is not None]
+        if chain:
+            c = chain[0]
+            low, high = c.low, c.high
+            if len(c.datasets) < 2:
+                pooled = next((p for p in chain if len(p.datasets) >= 2), None)
+                if pooled is not None:
+                    low, high = min(low, pooled.low), max(high, pooled.high)
+            return Band(
+                quantity=quantity,
+                class_name=c.name,
+                family=key.family,
+                rows=c.rows,
+                calibrated=True,
+                low=low,
+                high=high,
+            )
         lo, hi = self.uncalibrated[quantity]
         return Band(
             quantity=quantity,

@@ -14,8 +14,21 @@ from trainplan.units import GB, GiB, fmt_count, fmt_duration
 
 if TYPE_CHECKING:
     from trainplan.predict import Estimate
+    from trainplan.recipe import Recipe
 
 __all__ = ["EXIT_BAD_INPUT", "build_parser", "main", "render_estimate"]
+
+
+def _kernel_note(recipe: Recipe) -> str:
+    """How the model's elementwise ops run and the Hugging Face memory terms, where they apply."""
+    notes = []
+    if recipe.stack == "pytorch":
+        notes.append("torch.compile" if recipe.torch_compile else "eager kernels (no torch.compile)")
+    if recipe.kbit_fp32_upcast:
+        notes.append("PEFT k-bit FP32 upcast")
+    if recipe.logits_shift_copy:
+        notes.append("shifted-logits copy")
+    return "".join(", " + n for n in notes)
 
 
 def _fmt_size(n_bytes: float, binary: bool) -> str:
@@ -51,7 +64,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         f"micro-batch {est.recipe.micro_batch}, {est.num_microbatches} micro-batch(es)/step, "
         f"recompute {est.recipe.recompute}"
         f"{' (early stop)' if est.recipe.recompute in ('full', 'sac') and est.recipe.recompute_early_stop else ''}, "
-        f"attention {est.recipe.attention}, offload {est.recipe.offload}",
+        f"attention {est.recipe.attention}, offload {est.recipe.offload}" + _kernel_note(est.recipe),
         f"layout: {est.layout.describe()}"
         + (
             "; groups: " + ", ".join(f"{g.label} {g.devices} ({g.layout})" for g in est.rlhf.groups)

@@ -64,6 +64,23 @@ class Engine:
     zero_stages: Setting[tuple[int, ...]]
     """The ZeRO stages its data parallelism has (DDP = 0, FSDP full shard = 3)."""
     export_note: str = ""
+    kbit_fp32_upcast: Setting[bool] = Setting(
+        value=False,
+        source="the engine's own QLoRA path keeps the 16-bit embedding, LM head and norms as loaded",
+    )
+    """QLoRA through PEFT's ``prepare_model_for_kbit_training`` (``Recipe.kbit_fp32_upcast``):
+    applies to ``--method qlora`` only."""
+    torch_compile: Setting[bool] = Setting(
+        value=False,
+        source="fused kernels of the stack's own (Transformer Engine); torch.compile does not apply",
+    )
+    """Whether the engine runs the model under ``torch.compile`` by default (``Recipe.torch_compile``)."""
+    softmax_fp32: Setting[bool] = Setting(
+        value=False,
+        source="its eager attention keeps the softmax output in the compute dtype",
+    )
+    """Eager attention with an FP32 softmax and a 16-bit copy (``Recipe.softmax_fp32``): applies
+    to ``--attention eager`` only."""
 
     def capabilities(self) -> dict[str, Setting[tuple[object, ...]]]:
         """What the engine can run: a request naming the engine is held to these, and the
@@ -164,8 +181,18 @@ def _pytorch_family(
     recomputes: Setting[tuple[str, ...]],
     zero_stages: Setting[tuple[int, ...]],
     note: str = "",
+    kbit_upcast: Setting[bool] | None = None,
+    compile_default: Setting[bool] | None = None,
+    softmax_fp32: Setting[bool] | None = None,
 ) -> Engine:
+    extra: dict[str, Setting[bool]] = {} if kbit_upcast is None else {"kbit_fp32_upcast": kbit_upcast}
+    if softmax_fp32 is not None:
+        extra["softmax_fp32"] = softmax_fp32
+    extra["torch_compile"] = compile_default or Setting(
+        value=False, source="eager PyTorch unless the model is wrapped in torch.compile by the user"
+    )
     return Engine(
+        **extra,
         recomputes=recomputes,
         zero_stages=zero_stages,
         name=name,
@@ -273,6 +300,10 @@ register(
         ),
         accumulation=_FSDP_FUSED,
         export="torchtitan",
+        compile_default=Setting(
+            value=False,
+            source=f"{_TT} torchtitan/config/job_config.py [compile] enable = false (lines 721-722)",
+        ),
         recomputes=Setting(
             value=("none", "full", "sac"),
             source=f"{_TT} torchtitan/config/job_config.py [activation_checkpoint] mode = none | full | "
@@ -308,6 +339,11 @@ register(
             value=(0, 3), source="pytorch/torchtune recipes: single device, or FSDP2 fully_shard (full shard)"
         ),
         note="trainplan writes no torchtune recipe YAML; the torchtitan target writes the same FSDP2 job",
+        compile_default=Setting(
+            value=False,
+            source="pytorch/torchtune recipes/configs/*.yaml compile: False (e.g. llama3_2/3B_full_single_device.yaml "
+            "at 1814feb17); the README's tables turn it on",
+        ),
     )
 )
 register(
@@ -347,6 +383,22 @@ register(
         recomputes=_BLOCK_RECOMPUTE,
         zero_stages=_ACCELERATE_ZERO,
         note="the Trainer runs under `accelerate launch`; the accelerate target writes that config",
+        kbit_upcast=Setting(
+            value=True,
+            source="huggingface/peft v0.14.0 src/peft/utils/other.py prepare_model_for_kbit_training (lines "
+            "135-140: every 16-bit parameter that is not Params4bit cast to float32), the QLoRA recipe of the "
+            "PEFT and TRL docs; QLoRA only",
+        ),
+        compile_default=Setting(
+            value=False,
+            source="huggingface/transformers src/transformers/training_args.py TrainingArguments.torch_compile "
+            "(default False)",
+        ),
+        softmax_fp32=Setting(
+            value=True,
+            source="huggingface/transformers src/transformers/models/llama/modeling_llama.py eager_attention_forward: "
+            "softmax(dtype=torch.float32).to(query.dtype) (attn_implementation='eager' only)",
+        ),
     )
 )
 register(
@@ -403,6 +455,9 @@ ENGINE_FIELDS: Final = (
     "tp_comm_overlap",
     "pp_comm_overlap",
     "grad_accumulation",
+    "kbit_fp32_upcast",
+    "torch_compile",
+    "softmax_fp32",
 )
 """The input fields an engine fills when the request leaves them unset (``None``)."""
 

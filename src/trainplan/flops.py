@@ -47,7 +47,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import LayoutError
@@ -307,6 +307,35 @@ def lora_adapter_params(spec: ModelSpec, lora: LoRASpec) -> int:
 # --------------------------------------------------------------------------------------------
 # Memory-bound work (bytes)
 # --------------------------------------------------------------------------------------------
+EAGER_RMSNORM_TRAFFIC: Final = 9.0
+"""Bytes an eager (uncompiled) RMSNorm moves per byte of the fused kernel's read + write.
+
+PyTorch's eager RMSNorm is a chain of kernels — torchtitan's ``RMSNorm.forward``
+(pytorch/torchtitan@9dec370 torchtitan/models/norms.py lines 96-101: ``x.float()``, ``pow(2)``,
+``mean``, ``x * rsqrt(...)``, ``type_as(x)``, ``* weight``), Hugging Face's ``LlamaRMSNorm`` (the
+same chain), ATen's composite ``rms_norm`` — each reading and writing the whole tensor, FP32 in
+between: per element e + 4 (upcast), 8 (pow), 4 (mean), 8 (normalise), 4 + e (downcast), 2e (weight)
+= 28 + 4e bytes, against 2e for one fused kernel: 9 at e = 2. LayerNorm is one native kernel in
+eager mode (``native_layer_norm``): no such factor. The backward is assumed to scale alike."""
+EAGER_ROTARY_TRAFFIC: Final = 5.0
+"""The same for eager rotary embeddings: torchtitan ``apply_rotary_emb`` (9dec370
+torchtitan/models/llama/model.py lines 108-113: ``float()``, complex multiply, ``type_as``)
+moves e + 4, 8 and 4 + e bytes per element of q and k, 16 + 2e = 20 against 2e = 4 fused."""
+EAGER_GATED_ACTIVATION_TRAFFIC: Final = 5.0 / 3.0
+"""The same for an eager gated MLP activation, ``silu(gate) * up`` (torchtitan ``FeedForward``,
+transformers ``LlamaMLP``): ``silu`` reads and writes (2e), the product reads two and writes one
+(3e), 5e against the fused kernel's 3e. A GELU MLP is one native kernel: no factor."""
+
+
+def eager_kernels(recipe: Recipe) -> bool:
+    """Whether a step's memory-bound ops run as PyTorch's eager chains of kernels
+    (:data:`EAGER_RMSNORM_TRAFFIC` and the two after it): the pytorch stack without
+    ``torch.compile`` (``Recipe.torch_compile``). The megatron stack runs Transformer Engine's
+    fused kernels, maxtext and neuron are compiled by XLA / the Neuron compiler, and the
+    deepspeed stack's κ is fitted on runs of eager Hugging Face modules (it holds their cost)."""
+    return recipe.stack == "pytorch" and not recipe.torch_compile
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerMemoryTraffic:
     """HBM bytes read + written by the memory-bound ops of one pass of one layer (all devices).
@@ -366,8 +395,13 @@ def layer_memory_traffic(
     attention: Literal["flash", "eager"] = "flash",
     direction: Direction = "forward",
     dropout: bool = False,
+    eager: bool = False,
 ) -> LayerMemoryTraffic:
-    """Bytes moved by the memory-bound ops of one forward or backward of one layer (see the class)."""
+    """Bytes moved by the memory-bound ops of one forward or backward of one layer (see the class).
+
+    ``eager``: RMSNorms, rotary embeddings and gated activations as PyTorch's eager chains of
+    kernels (:func:`eager_kernels`), their traffic scaled by :data:`EAGER_RMSNORM_TRAFFIC`,
+    :data:`EAGER_ROTARY_TRAFFIC` and :data:`EAGER_GATED_ACTIVATION_TRAFFIC`."""
     _check_layer(spec, layer_idx)
     bwd = direction == "backward"
     t = b * s
@@ -400,6 +434,12 @@ def layer_memory_traffic(
         softmax = 0.0
         io_heads = (4 if bwd else 2) * (spec.num_heads + spec.num_kv_heads)
         attention_io = t * io_heads * spec.head_dim * e
+    if eager:
+        if spec.norm == "rmsnorm":
+            norms *= EAGER_RMSNORM_TRAFFIC
+        rotary *= EAGER_ROTARY_TRAFFIC
+        if spec.gated:
+            activation *= EAGER_GATED_ACTIVATION_TRAFFIC
     residual = 2 * 3.0 * t * h * e
     if dropout:
         residual += 2 * 1.0 * t * h  # two hidden dropouts fused with the residual add: 1-byte mask each
@@ -691,9 +731,20 @@ def _layer_passes(
     fl = layer_forward_flops(spec, i, b, s, causal)
     e = BYTES_PER_ELEMENT[recipe.weight_dtype]
     drop = recipe.dropout > 0.0
-    fwd_mem = layer_memory_traffic(spec, i, b, s, dtype_bytes=e, attention=recipe.attention, dropout=drop)
+    eager = eager_kernels(recipe)
+    fwd_mem = layer_memory_traffic(
+        spec, i, b, s, dtype_bytes=e, attention=recipe.attention, dropout=drop, eager=eager
+    )
     bwd_mem = layer_memory_traffic(
-        spec, i, b, s, dtype_bytes=e, attention=recipe.attention, direction="backward", dropout=drop
+        spec,
+        i,
+        b,
+        s,
+        dtype_bytes=e,
+        attention=recipe.attention,
+        direction="backward",
+        dropout=drop,
+        eager=eager,
     )
     tpcp = split.sharded
     rep = split.replicated_unless_sp

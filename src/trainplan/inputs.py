@@ -517,12 +517,39 @@ RECIPE_FIELDS: Final = (
         "full (or sac) recompute by PyTorch's non-reentrant checkpoint with early stop (FSDP2, "
         "torchtune, Accelerate): the trailing GEMM no saved tensor needs is not recomputed",
     ),
+    _engine_switch(
+        "kbit_fp32_upcast",
+        "recipe",
+        "QLoRA prepared by PEFT's prepare_model_for_kbit_training (the Hugging Face Trainer path): "
+        "embedding, LM head and norms cast to FP32, so the residual stream and the block inputs a "
+        "checkpoint keeps are FP32 (applies to --method qlora)",
+    ),
+    _engine_switch(
+        "torch_compile",
+        "recipe",
+        "the model under torch.compile: fused elementwise kernels; without it the pytorch stack runs "
+        "RMSNorm, rotary embeddings and gated activations as eager chains of kernels (pytorch stack only)",
+    ),
+    _engine_switch(
+        "softmax_fp32",
+        "recipe",
+        "eager attention with the softmax in FP32 (Hugging Face transformers eager_attention_forward): its FP32 "
+        "output and a 16-bit copy saved per score (applies to --attention eager)",
+    ),
+    _switch(
+        "logits_shift_copy",
+        "recipe",
+        "the loss of Hugging Face transformers 4.46-4.49 (ForCausalLMLoss): an FP32 contiguous copy of "
+        "the shifted logits alive with their 16-bit and FP32 forms while cross-entropy runs "
+        "(4.50 and later make no copy)",
+    ),
     Field(
         name="attention",
         group="recipe",
         default=_default(Recipe, "attention"),
         choices=ATTENTIONS,
-        help="attention kernel: flash (no s² scores kept) or eager",
+        help="attention kernel: flash (no s² scores kept: FlashAttention-2/3, or PyTorch SDPA's flash and "
+        "memory-efficient kernels, Hugging Face attn_implementation sdpa / flash_attention_2) or eager",
     ),
     Field(
         name="offload",
@@ -1399,6 +1426,16 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         optimizer_in_backward=values.get("optimizer_in_backward", False),
         paged_optimizer=values.get("paged_optimizer", False),
         recompute_early_stop=bool(applied.values["recompute_early_stop"]),
+        # the engine's k-bit path applies to QLoRA; given by flag with another method it is refused
+        kbit_fp32_upcast=bool(applied.values["kbit_fp32_upcast"])
+        and (method == "qlora" or "kbit_fp32_upcast" in applied.explicit),
+        logits_shift_copy=bool(values.get("logits_shift_copy", False)),
+        # the engine's eager-attention convention applies to eager attention; a flag with flash is refused
+        softmax_fp32=bool(applied.values["softmax_fp32"])
+        and (values["attention"] == "eager" or "softmax_fp32" in applied.explicit),
+        # the engine's compile default means something on the pytorch stack only; a flag elsewhere is refused
+        torch_compile=bool(applied.values["torch_compile"])
+        and (applied.values["stack"] == "pytorch" or "torch_compile" in applied.explicit),
         recompute_every=values.get("recompute_every") or 1,
         stack=applied.values["stack"],  # type: ignore[arg-type]
     )

@@ -76,7 +76,11 @@ class LayerActivations:
         return sum(self.terms.values())
 
 
-PHASES: Final = ("backward start", "backward end", "optimizer step")
+PHASES: Final = ("backward start", "forward (loss)", "backward end", "optimizer step")
+"""Moments of a step without ZeRO-3. The loss forward (the saved activations and loss tensors
+with the loss's forward transient, :func:`loss_forward_bytes`) is below the backward start
+unless the loss keeps extra copies (``Recipe.logits_shift_copy``); it is listed after the
+backward start so that a tie names the backward start."""
 FSDP_PHASES: Final = (
     "forward (first block)",
     "forward (last block)",
@@ -502,6 +506,14 @@ def activation_bytes_per_element(recipe: Recipe) -> float:
     return 4.0 if recipe.precision == "fp32" else 2.0
 
 
+def residual_bytes_per_element(recipe: Recipe) -> float:
+    """Bytes per element of the residual stream — the block inputs and the norm outputs: 4 when
+    PEFT's ``prepare_model_for_kbit_training`` has cast the embedding and the norms to FP32
+    (``Recipe.kbit_fp32_upcast``, where the FP32 embedding output and FP32 norm weights promote
+    every residual add and norm output to FP32), else :func:`activation_bytes_per_element`."""
+    return 4.0 if recipe.kbit_fp32_upcast else activation_bytes_per_element(recipe)
+
+
 def _mlp_terms(
     model: ModelSpec, tokens: float, width_local: float, e: float, prefix: str, *, down_trained: bool = True
 ) -> dict[str, float]:
@@ -570,6 +582,7 @@ def layer_activations(
     s_kv = recipe.seq_len  # keys a local query attends to (all of them under ring attention)
     h = model.hidden_size
     e = activation_bytes_per_element(recipe)
+    er = residual_bytes_per_element(recipe)
     sp_div = t if layout.sequence_parallel else 1
     tokens = b * s
     dropout = recipe.dropout > 0.0
@@ -578,22 +591,23 @@ def layer_activations(
     g_local = model.kv_dim / t if model.num_kv_heads % t == 0 else float(model.head_dim)
 
     if recipe.recompute == "full":
-        return LayerActivations(terms={"layer_input": e * tokens * h / sp_div})
+        return LayerActivations(terms={"layer_input": er * tokens * h / sp_div})
     if recipe.recompute == "sac":
         return LayerActivations(terms=sac_layer_terms(model, recipe, layout, layer, micro_batch=b))
 
     trained = _trained_linears(recipe)
     terms: dict[str, float] = {}
     # Outside the tp region (divided by t only with sequence parallelism).
-    terms["attn_norm_input"] = e * tokens * h / sp_div
+    # (er: the residual stream and the norm outputs, FP32 under kbit_fp32_upcast)
+    terms["attn_norm_input"] = er * tokens * h / sp_div
     if trained & {"q", "k", "v"}:
-        terms["qkv_input"] = e * tokens * h / sp_div
+        terms["qkv_input"] = er * tokens * h / sp_div
     if not model.parallel_attn_mlp:
         # With parallel attention and MLP (GPT-J, GPT-NeoX) both norms read the block input,
         # which is stored once (attn_norm_input).
-        terms["mlp_norm_input"] = e * tokens * h / sp_div
+        terms["mlp_norm_input"] = er * tokens * h / sp_div
     if trained & {"gate", "up"} or model.is_moe_layer(layer):
-        terms["mlp_input"] = e * tokens * h / sp_div
+        terms["mlp_input"] = er * tokens * h / sp_div
     if layout.sequence_parallel:
         # The column-parallel linears keep the all-gathered input (see sp_saves_gathered_input).
         gathered = ("qkv_input" in terms) + ("mlp_input" in terms)
@@ -615,7 +629,8 @@ def layer_activations(
         terms["qk_norm"] = e * tokens * (q_local + g_local) + 4.0 * tokens * per_token_stats
     core_s2 = 0.0
     if recipe.attention == "eager":
-        core_s2 = e * b * a_local * s * s_kv  # softmax output
+        # softmax output (Hugging Face's FP32 softmax: its FP32 output and the 16-bit copy)
+        core_s2 = (e + (4.0 if recipe.softmax_fp32 else 0.0)) * b * a_local * s * s_kv
         if dropout:
             core_s2 += 1.0 * b * a_local * s * s_kv + e * b * a_local * s * s_kv  # mask + dropout output
         if "o" in trained:
@@ -664,7 +679,10 @@ def layer_activations(
                 # is also what ``sigmoid`` saves for its own backward.
                 terms["shared_gate"] = moe.num_shared_experts * e * tokens * (h + 1)
     else:
-        terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, e, "", down_trained=down))
+        # Under kbit_fp32_upcast the 4-bit gate and up projections return their FP32 input's dtype
+        # (bitsandbytes Linear4bit.forward: ``out.to(inp_dtype)``), so the activation's input and
+        # output, the up output and their product are FP32 too: er bytes each.
+        terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, er, "", down_trained=down))
     return LayerActivations(terms=terms)
 
 
@@ -765,7 +783,7 @@ def block_input_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> float
     gathers the block that will read it (and saved by that block once it runs)."""
     s = recipe.seq_len // layout.cp
     sp_div = layout.tp if layout.sequence_parallel else 1
-    return activation_bytes_per_element(recipe) * recipe.micro_batch * s * model.hidden_size / sp_div
+    return residual_bytes_per_element(recipe) * recipe.micro_batch * s * model.hidden_size / sp_div
 
 
 def input_grad_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, stage: int) -> float:
@@ -780,7 +798,7 @@ def input_grad_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, stage: in
     if stage > 0:
         return block_input_bytes(model, recipe, layout)
     s = recipe.seq_len // layout.cp
-    return activation_bytes_per_element(recipe) * recipe.micro_batch * s * model.hidden_size
+    return residual_bytes_per_element(recipe) * recipe.micro_batch * s * model.hidden_size
 
 
 def inflight_microbatches(layout: Layout, stage: int, num_microbatches: int) -> float:
@@ -845,7 +863,9 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     # sequence parallelism the head's input is the all-gathered sequence (sp_saves_gathered_input).
     h = model.hidden_size
     head_div = 1 if layout.sequence_parallel and sp_saves_gathered_input() else sp_div
-    head_inputs = e * tokens * h / sp_div + (0.0 if recipe.is_peft else e * tokens * h / head_div)
+    head_inputs = residual_bytes_per_element(recipe) * tokens * h / sp_div + (
+        0.0 if recipe.is_peft else e * tokens * h / head_div
+    )
     # The final norm's FP32 statistics: rstd, and the mean for LayerNorm (CUDA kernels).
     stats = (4.0 if model.norm == "rmsnorm" else 8.0) * tokens / sp_div
     if recipe.loss_chunks > 1:
@@ -947,7 +967,9 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         if recipe.method == "qlora":
             lora = recipe.lora
             n_lin = dev.dense_linear + dev.expert_linear
-            base = 0.5 * n_lin + wb * dev.dense_other
+            # the parameters left 16-bit, FP32 after prepare_model_for_kbit_training
+            other_b = 4.0 if recipe.kbit_fp32_upcast else wb
+            base = 0.5 * n_lin + other_b * dev.dense_other
             # Per quantized weight tensor (bitsandbytes ``QuantState``): one absmax per quant_block
             # weights, FP32; with double quantization uint8, plus one FP32 scale per
             # double_quant_block absmax values and one FP32 offset.
@@ -1200,6 +1222,24 @@ LOSS_FORWARD_FRACTION: Final = 0.75
 losses."""
 
 
+def loss_forward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> float:
+    """The loss-forward transient beyond the saved loss tensors (:func:`logits_bytes`), one
+    micro-batch on the last stage.
+
+    Default: :data:`LOSS_FORWARD_FRACTION` of the loss-backward transient — the 16-bit logits
+    and their FP32 upcast (6·b·s·V/t, traced). Under ``recipe.logits_shift_copy`` (Hugging Face
+    transformers 4.46-4.49 ``ForCausalLMLoss``: ``logits.float()`` then
+    ``logits[..., :-1, :].contiguous()``) the FP32 copy of the shifted logits is alive with
+    them: (e + 4 + 4)·b·s·V/t, e the 16-bit logits' bytes — 10·b·s·V/t in BF16, above the
+    8·b·s·V/t of the loss backward, so the loss forward becomes the peak moment."""
+    _, transient = logits_bytes(model, recipe, layout)
+    if not recipe.logits_shift_copy:
+        return LOSS_FORWARD_FRACTION * transient
+    tokens = recipe.micro_batch * (recipe.seq_len // layout.cp)
+    e = activation_bytes_per_element(recipe)
+    return (e + 4.0 + 4.0) * tokens * model.vocab_size / layout.tp
+
+
 def host_bytes_per_node(host_bytes_per_device: Num, devices_on_node: Int) -> Num:
     """CPU memory the offloaded states take on one server.
 
@@ -1225,6 +1265,7 @@ def stage_memory_fields(
     activations: Num,
     logits_saved: Num,
     logits_transient: Num,
+    logits_forward: Num,
     recompute_transient: Num,
     last_layer: Num,
     block_input: Num,
@@ -1239,7 +1280,7 @@ def stage_memory_fields(
     * model states (``_model_states``: ``states`` keyed by ``_States`` field names);
     * the transient at the start of backward: the largest of the loss backward, the recomputed
       layer (full / sac recompute) and the optimizer step inside the backward;
-    * the loss-forward transient (:data:`LOSS_FORWARD_FRACTION` of the loss backward);
+    * the loss-forward transient (:func:`loss_forward_bytes`);
     * the stage input's gradient at the end of backward, none under ZeRO-3 (FSDP2 frees it with
       the root's reduce, traced);
     * under ZeRO-3 the working set inside one block's backward (:func:`block_backward_bytes`).
@@ -1256,7 +1297,7 @@ def stage_memory_fields(
         "fsdp_block_backward_bytes": where(zero == 3, block_backward, 0.0),
         "fsdp_block_backward_later_bytes": where(zero == 3, block_backward_later, 0.0),
         "input_grad_bytes": where(zero == 3, 0.0, input_grad),
-        "loss_forward_bytes": LOSS_FORWARD_FRACTION * logits_transient,
+        "loss_forward_bytes": logits_forward,
     }
     return out
 
@@ -1284,6 +1325,7 @@ class StageActivations:
     last_layer_bytes: float  # A_l: the last block's saved activations, one micro-batch
     logits_saved_bytes: float  # last stage: saved by the output layer and the loss
     logits_transient_bytes: float  # last stage: the loss backward
+    logits_forward_bytes: float = 0.0  # last stage: the loss forward (loss_forward_bytes())
     block_backward_bytes: float = 0.0  # inside the last block's backward (block_backward_bytes())
     block_backward_later_bytes: float = 0.0  # the same for the blocks before it (_block_backward_pair)
 
@@ -1439,9 +1481,10 @@ def stage_activations(
             # Taken out of the terms that counted them for every layer: no term is negative.
             act_terms["attn_norm_input"] -= inflight * first["attn_norm_input"]
             act_terms["norm_stats"] -= inflight * stats
-    logits_saved, logits_transient = (0.0, 0.0)
+    logits_saved, logits_transient, logits_forward = (0.0, 0.0, 0.0)
     if stage == layout.pp - 1:
         logits_saved, logits_transient = logits_bytes(model, recipe, layout)
+        logits_forward = loss_forward_bytes(model, recipe, layout)
     return StageActivations(
         terms=act_terms,
         per_microbatch_bytes=(sum(act_terms.values()) - fixed) / inflight,
@@ -1453,6 +1496,7 @@ def stage_activations(
         else 0.0,
         logits_saved_bytes=logits_saved,
         logits_transient_bytes=logits_transient,
+        logits_forward_bytes=logits_forward,
         # what the block's backward adds; a moment of ZeRO-3 only (stage_memory_fields)
         **dict(
             zip(
@@ -1502,6 +1546,7 @@ def _stage_breakdown(
         activations=acts.total_bytes,
         logits_saved=acts.logits_saved_bytes,
         logits_transient=acts.logits_transient_bytes,
+        logits_forward=acts.logits_forward_bytes,
         recompute_transient=acts.recompute_transient_bytes,
         last_layer=acts.last_layer_bytes,
         block_backward=acts.block_backward_bytes,

@@ -188,6 +188,10 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "loss_chunks": recipe.loss_chunks,
         "optimizer_in_backward": recipe.optimizer_in_backward,
         "paged_optimizer": recipe.paged_optimizer,
+        "torch_compile": recipe.torch_compile,
+        "kbit_fp32_upcast": recipe.kbit_fp32_upcast,
+        "logits_shift_copy": recipe.logits_shift_copy,
+        "softmax_fp32": recipe.softmax_fp32,
     }
     if recipe.lora is not None:
         out["lora"] = {

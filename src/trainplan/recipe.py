@@ -259,6 +259,43 @@ class Recipe:
     blocks wrapped in the process, the block wrapped when ``count % n == 0``, so the n-th,
     2n-th, … blocks of a stage, 1-based). 1 = every block (plain full recompute). See
     :func:`recomputes_block`."""
+    torch_compile: bool = False
+    """The model runs under ``torch.compile`` (inductor), which fuses each chain of elementwise
+    kernels into one: the memory-bound ops cost the fused kernels' traffic. Without it, on the
+    pytorch stack, RMSNorm, rotary embeddings and gated activations run as PyTorch's eager chains
+    of kernels (:func:`trainplan.flops.eager_kernels`). torchtitan ``[compile] enable`` (default
+    false, torchtitan/config/job_config.py), torchtune ``compile`` (default False), Hugging Face
+    ``TrainingArguments.torch_compile`` (default False). Only the pytorch stack: the other stacks
+    fuse their own kernels (the flag would change nothing and is refused)."""
+    kbit_fp32_upcast: bool = False
+    """QLoRA prepared by PEFT's ``prepare_model_for_kbit_training`` (the Hugging Face k-bit path):
+    every parameter that is not 4-bit (embedding, LM head, norms) is cast to FP32
+    (huggingface/peft v0.14.0 src/peft/utils/other.py lines 135-140: ``param.data =
+    param.data.to(torch.float32)`` for each 16-bit parameter that is not ``Params4bit``). Two
+    memory terms follow: those parameters take 4 bytes each, and the residual stream is FP32 —
+    the embedding output is FP32, each RMSNorm returns ``weight * x.to(input_dtype)`` with an
+    FP32 weight, the bitsandbytes 4-bit linears return ``out.to(inp_dtype)`` in their input's
+    dtype, and the residual adds promote to FP32 — so every block input and norm output a block
+    saves (and the block input a checkpoint keeps) is 4 bytes per element
+    (:func:`trainplan.memory.residual_bytes_per_element`), and so are the gated MLP's saved
+    intermediates, the 4-bit gate and up projections returning FP32. The q, k and v inputs of
+    FlashAttention-2 are cast back to 16 bits by transformers (``_flash_attention_forward``).
+    QLoRA only."""
+    softmax_fp32: bool = False
+    """Eager attention as Hugging Face transformers writes it (``eager_attention_forward`` in
+    ``src/transformers/models/llama/modeling_llama.py``: ``softmax(attn_weights, dim=-1,
+    dtype=torch.float32).to(query.dtype)``): the softmax runs in FP32 and saves its FP32 output,
+    and the 16-bit copy is saved again by the product with V — (4 + e) bytes per score instead
+    of e. ``attention="eager"`` only (FlashAttention and SDPA keep no scores)."""
+    logits_shift_copy: bool = False
+    """The loss of Hugging Face transformers 4.46-4.49 (``src/transformers/loss/loss_utils.py``
+    ``ForCausalLMLoss``: ``logits = logits.float()`` then ``shift_logits = logits[..., :-1,
+    :].contiguous()``): while cross-entropy runs, the 16-bit logits (held by the model's
+    ``forward``), their FP32 upcast and the FP32 contiguous copy of the shifted logits are alive
+    with the FP32 log-softmax it saves — a loss-forward moment of 2 + 4 + 4 bytes per logit
+    beyond the saved 4 (:func:`trainplan.memory.loss_forward_bytes`). transformers 4.50 and
+    later pad the labels instead and make no copy (the default, ``False``). One cross-entropy
+    over all tokens only (``loss_chunks = 1``)."""
     stack: Stack = "megatron"
     """The training software (``STACKS``): its calibrated κ is what the compute terms are divided
     by; each stack's κ is fitted on its own calibration split (``validate/calibrate.py``)."""
@@ -309,6 +346,41 @@ class Recipe:
             raise RecipeError(
                 "loss_chunks",
                 f"{self.loss_chunks} chunks exceed the sequence length {self.seq_len}; use at most one per token",
+            )
+        if not isinstance(self.torch_compile, bool):
+            raise RecipeError("torch_compile", f"must be true or false, got {self.torch_compile!r}")
+        if self.torch_compile and self.stack != "pytorch":
+            raise RecipeError(
+                "torch_compile",
+                f"the {self.stack} stack runs its own fused or compiled kernels, so torch.compile changes "
+                "nothing in the model; drop --torch-compile or use --stack pytorch",
+            )
+        if self.softmax_fp32 and self.attention != "eager":
+            raise RecipeError(
+                "softmax_fp32",
+                f"the FP32 softmax copy is a tensor of eager attention; attention {self.attention!r} keeps no "
+                "scores: drop --softmax-fp32 or use --attention eager",
+            )
+        for name in ("kbit_fp32_upcast", "logits_shift_copy", "softmax_fp32"):
+            if not isinstance(getattr(self, name), bool):
+                raise RecipeError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.kbit_fp32_upcast and self.method != "qlora":
+            raise RecipeError(
+                "kbit_fp32_upcast",
+                f"PEFT's prepare_model_for_kbit_training upcast is the QLoRA (4-bit base) path; "
+                f"method {self.method!r} has no k-bit base: drop --kbit-fp32-upcast or use --method qlora",
+            )
+        if self.kbit_fp32_upcast and self.recompute in ("selective", "sac"):
+            raise RecipeError(
+                "kbit_fp32_upcast",
+                f"the FP32 residual stream is modelled for --recompute none or full (what the Hugging Face "
+                f"Trainer runs), not {self.recompute!r}",
+            )
+        if self.logits_shift_copy and self.loss_chunks > 1:
+            raise RecipeError(
+                "logits_shift_copy",
+                "the shifted-logits copy belongs to one cross-entropy over all tokens (transformers "
+                "ForCausalLMLoss); with --loss-chunks the loss is chunked: drop one of them",
             )
         if not isinstance(self.recompute_early_stop, bool):
             raise RecipeError(

@@ -44,7 +44,8 @@ rejects unknown keys. The keys and where torchtitan uses them:
     ``Recipe.recompute_early_stop``, so the job recomputes what the estimate counts (the whole
     block, or the block up to its last saved tensor).
 ``[compile]`` ``enable``, ``components``
-    ``job_config.Compile``.
+    ``job_config.Compile``: ``enable`` from ``Recipe.torch_compile``, and on (with a warning when the
+    recipe is eager) for float8/MX linears and async TP, which torchtitan runs compiled.
 ``[quantize.linear.float8]`` ``recipe_name``, ``enable_fsdp_float8_all_gather``,
 ``precompute_float8_dynamic_scale_for_fsdp``; ``[quantize.linear.mx]`` ``recipe_name``
     ``job_config.Float8Linear`` / ``job_config.MXLinear`` (recipes of torchao's
@@ -515,6 +516,7 @@ def build_config(
         )
     if layout.ep > 1 and layout.ep > layout.dp * layout.cp:
         raise unsupported(TARGET, "ep", f"ep={layout.ep} > dp·cp", "lower ep")
+    needs_compile = recipe.precision in ("fp8", "fp4") or layout.tp_comm_overlap
     if layout.tp_comm_overlap:
         # Async TP (``torchtitan/distributed/tensor_parallel.py::maybe_enable_async_tp``) works only
         # under torch.compile, which the [compile] table below then enables.
@@ -624,7 +626,7 @@ def build_config(
         "parallelism": parallelism,
         "activation_checkpoint": {"mode": "selective" if recipe.recompute == "sac" else recipe.recompute},
         "compile": {
-            "enable": recipe.precision in ("fp8", "fp4") or layout.tp_comm_overlap,
+            "enable": recipe.torch_compile or needs_compile,
             "components": ["model", "loss"],
         },
     }
@@ -634,6 +636,11 @@ def build_config(
             f"{model.name} is built by the train spec that {custom.module}.py registers (launch with "
             f"PYTHONPATH=. beside it): its RoPE base ({ROPE_THETA:g}) and RMSNorm eps ({NORM_EPS:g}) are "
             f"the defaults of torchtitan's TransformerModelArgs, set {model.name}'s own there"
+        )
+    if needs_compile and not recipe.torch_compile:
+        warnings.append(
+            "[compile] enable = true: torchtitan's float8/MX linears and async TP run under torch.compile, "
+            "but the estimate priced eager kernels; give --torch-compile for the compiled step time"
         )
     if recipe.recompute in ("full", "sac"):
         # _apply_full_ac and _apply_op_sac both pass it to torch.utils.checkpoint

@@ -917,7 +917,7 @@ class BulkEvaluator:
         # recompute and precision; the schedule only through the in-flight count; not ep, dp,
         # ZeRO or offload. Each distinct call is made once: keyed by those inputs.
         a_of_core, a_first = keyed((0, 1, 2, 4, 5, 6, 8, 9, 10))
-        a_tab = np.zeros((len(a_first), 2, 9))
+        a_tab = np.zeros((len(a_first), 2, 10))
         recipes: dict[tuple[int, ...], Recipe] = {}
         ones: dict[tuple[int, ...], StageActivations] = {}
         for j, c in enumerate(a_first):
@@ -946,11 +946,21 @@ class BulkEvaluator:
                     one.last_layer_bytes,
                     one.block_backward_bytes,
                     one.block_backward_later_bytes,
+                    one.logits_forward_bytes,
                 )
         acts = a_tab[a_of_core]
-        act1, act_slope, held, logits, transient, loss_t_tab, last_layer, block_backward, block_later = (
-            np.ascontiguousarray(acts[:, :, q]) for q in range(9)
-        )
+        (
+            act1,
+            act_slope,
+            held,
+            logits,
+            transient,
+            loss_t_tab,
+            last_layer,
+            block_backward,
+            block_later,
+            loss_f_tab,
+        ) = (np.ascontiguousarray(acts[:, :, q]) for q in range(10))
         # per (core, ZeRO stage) = core·4 + zero: its row of the state table
         cz = (s_of_core[:, None] * 4 + np.arange(4)).reshape(-1)
         flat = s_tab.reshape(-1, 2, 2 * nf + 2)
@@ -969,6 +979,7 @@ class BulkEvaluator:
         self._c_twin = np.where(found, order[at], -1).astype(np.int64)
         self._act1 = act1
         self._loss_transient = loss_t_tab
+        self._loss_forward = loss_f_tab
         self._act_slope = act_slope
         self._held = held
         self._logits = logits
@@ -1422,6 +1433,7 @@ class BulkEvaluator:
                 activations=act,
                 logits_saved=self._logits[core, k],
                 logits_transient=self._loss_transient[core, k],
+                logits_forward=self._loss_forward[core, k],
                 recompute_transient=self._transient[core, k],
                 last_layer=self._last_layer[core, k],
                 block_backward=self._block_backward[core, k],

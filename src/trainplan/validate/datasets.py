@@ -42,7 +42,7 @@ Split = Literal["calibrate", "validate"]
 Verification = Literal["VERBATIM", "DERIVED", "INCOMPLETE", "UNVERIFIED", "OUT_OF_SCOPE"]
 Scope = Literal["step", "layer"]
 Kind = Literal["timing", "memory"]
-Metric = Literal["step_s", "layer_s", "tokens_per_s", "mfu", "memory_bytes"]
+Metric = Literal["step_s", "layer_s", "tokens_per_s", "mfu", "memory_bytes", "max_seq_len"]
 MemoryQuantity = Literal[
     "model_states", "peak_allocated", "peak_reserved", "peak_device_memory", "total_training_memory"
 ]
@@ -127,7 +127,7 @@ class RecipeFlags:
         optimizer_in_backward  each parameter stepped inside the backward (torchtune optimizer_in_bwd)
         no_master_weights      pure 16-bit training: no FP32 master copy, optimizer states in the
                                weight dtype (torchtune ``dtype: bf16``)
-        torch_compile          torch.compile on (recorded; the step-time model has no compile term)
+        torch_compile          torch.compile on → ``Recipe.torch_compile`` (fused memory-bound ops)
         packed                 samples packed into sequences of exactly ``seq_len`` tokens
         loss_chunks=N          cross-entropy in N sequence chunks (torchtune CEWithChunkedOutputLoss)
         lora_rank=R            LoRA rank
@@ -451,6 +451,17 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             description="torchtitan peak reserved memory per GPU (max over ranks) for the torchtitan_llama3 runs",
             source="pytorch/torchtitan benchmarks/*.md",
             target=0.2,
+            stack="pytorch",
+        ),
+        DatasetInfo(
+            name="unsloth_hf_context",
+            kind="memory",
+            metric="max_seq_len",
+            mape_bound=0.15,
+            description="Hugging Face Transformers + PEFT + FlashAttention-2 QLoRA (rank 32, batch 1): the longest "
+            "padded sequence that fits 8-80 GB, Llama 3.1 8B and Llama 3.3 70B (trainplan.validate.hf_context)",
+            source="unslothai/unsloth README.md 'Context length benchmarks' (e3162dc5b, 2025-01), column Hugging Face + FA2",
+            target=0.10,
             stack="pytorch",
         ),
         DatasetInfo(

@@ -105,11 +105,16 @@ def run_all(names: list[str] | None = None) -> list[DatasetResult]:
     from trainplan.validate.rlhf import RLHF_DATASETS, validate_rlhf_dataset
 
     out = []
-    for name in (*TIMING_DATASETS, *MEMORY_DATASETS, *RLHF_DATASETS):
+    from trainplan.validate.hf_context import DATASET as HF_CONTEXT
+    from trainplan.validate.hf_context import validate_hf_context
+
+    for name in (*TIMING_DATASETS, *MEMORY_DATASETS, HF_CONTEXT, *RLHF_DATASETS):
         if names and name not in names:
             continue
         if name in RLHF_DATASETS:
             res = validate_rlhf_dataset(name)
+        elif name == HF_CONTEXT:
+            res = validate_hf_context()
         elif name in MEMORY_DATASETS:
             res = validate_memory_dataset(name)
         else:

@@ -10,9 +10,9 @@ LoRA row states none.
 The recipe follows the row's optional recipe columns (``datasets.TimingRow``): ``optimizer``
 (empty: AdamW), ``offload`` (empty: none) and ``recipe_flags`` (paged optimizer, optimizer in
 backward, pure 16-bit training without master weights, chunked loss, LoRA rank / alpha /
-targets, and the layout's tensor- / pipeline-parallel communication overlap). ``torch_compile`` and ``packed`` are recorded facts of the run with no recipe field:
-the step-time model has no compile term, and a packed row's ``seq_len`` already is the tokens
-per sequence.
+targets, ``torch_compile``, and the layout's tensor- / pipeline-parallel communication overlap).
+``packed`` is a recorded fact of the run with no recipe field: a packed row's ``seq_len`` already
+is the tokens per sequence.
 
 Error = predicted / published − 1 of the dataset's metric; a dataset fails when its MAPE exceeds
 its stated bound (``datasets.REGISTRY``).
@@ -216,6 +216,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         optimizer_in_backward=flags.optimizer_in_backward,
         paged_optimizer=flags.paged_optimizer,
         recompute_early_stop=flags.recompute_early_stop,
+        torch_compile=flags.torch_compile,
         stack=REGISTRY[row.dataset].stack,  # type: ignore[arg-type]
     )
     layout = Layout(
