@@ -362,7 +362,7 @@ def test_low_precision_recipes_keep_attention_and_lm_head_at_the_activation_dtyp
     stay BF16, so they are charged the BF16 peak (and the BF16 large-GEMM efficiency)."""
     from trainplan.efficiency import get_efficiency
     from trainplan.flops import device_flops
-    from trainplan.timing import recipe_peaks
+    from trainplan.timing import attention_etas, recipe_peaks
 
     h100 = get_accelerator("h100-sxm")
     eff = get_efficiency("h100-sxm")
@@ -380,7 +380,8 @@ def test_low_precision_recipes_keep_attention_and_lm_head_at_the_activation_dtyp
     # Attention time does not shrink with FP8: the forward pass saves at most the GEMM share.
     t16 = est("h100-sxm", 1, Layout(), bf16).time
     t8 = est("h100-sxm", 1, Layout(), fp8).time
-    attn_s = stage.forward.attention_flops / (p8.peak_attn * p8.eta_attn) / t8.kappa
+    eta_attn = attention_etas(h100, fp8, eff, model, 1).forward
+    attn_s = stage.forward.attention_flops / (p8.peak_attn * eta_attn) / t8.kappa
     assert t8.forward_s > attn_s and t16.forward_s > attn_s
     assert t16.step_s / t8.step_s < 2 * eff.gemm_max("fp8") / eff.gemm_max("bf16")
 

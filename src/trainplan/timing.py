@@ -22,9 +22,12 @@ by microbenchmarks, never fitted to end-to-end runs (``efficiency.py``, docs/eff
                                                            and wave quantization of each shape
                                                            (FP8/FP4 recipes: the LM head at the
                                                            activation dtype, ``Peaks``)
-    attention  flops / (peak[act] · η_attn)                η_attn: FlashAttention kernel fraction;
-                                                           act = the activation dtype (BF16 under
-                                                           FP8/FP4 recipes)
+    attention  flops / (peak[act] · η_attn[pass])          η_attn: the stack's fused-attention kernel
+                                                           (FA2 / FA3 / cuDNN) at the pass's
+                                                           sequence length, head dim and mask, from
+                                                           the kernels' published curves
+                                                           (``attention.py``); act = the activation
+                                                           dtype (BF16 under FP8/FP4 recipes)
     memory     bytes / (HBM bandwidth · η_bw)              norms, activations, softmax, rotary,
                                                            residuals, MoE permutation, loss
 
@@ -42,6 +45,7 @@ Sec. 2.2; Qi et al. 2023 for zero bubble)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import tomllib
@@ -51,6 +55,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Final, Protocol
 
+from trainplan.attention import AttentionEfficiency, attention_efficiency
 from trainplan.comm import Collective, group_placement, network_from_system, step_collectives
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency
@@ -71,19 +76,6 @@ from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, all_true, as_float, maximum, total, where
 from trainplan.recipe import OFFLOADS, Recipe, fp32_main_grad, reruns_forward_hooks
 from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
-
-FLASH_ATTENTION_EFFICIENCY: Final[dict[str, float]] = {
-    "ampere": 0.60,
-    "hopper": 0.35,
-}
-"""Fraction of the dense peak reached by the fused (FlashAttention-2 class) attention kernel.
-
-Ampere: FlashAttention-2 (Dao 2023, abstract and Sec. 4.1) reaches 50–73% of the A100 peak in the
-forward pass and less in the backward; 0.60 is the middle of that range. Hopper: the same kernel
-"achieves only 35% utilization on the H100" (Shah et al. 2024, FlashAttention-3, abstract) —
-FlashAttention-3 reaches up to 75%, but PyTorch SDPA and most training stacks measured here ran
-FlashAttention-2 class kernels. Other generations: no published figure; the Hopper value is used
-and flagged as an assumption in the estimate's notes."""
 
 GENERATION: Final[dict[str, str]] = {
     "a100-40gb": "ampere",
@@ -115,7 +107,7 @@ GENERATION: Final[dict[str, str]] = {
     "trn3": "trainium",
 }
 """Accelerator generations: the unit of the calibrated κ (and, for NVIDIA, of the attention-kernel
-efficiency). NVIDIA GPUs by architecture. AMD GPUs by architecture and board power: the MI300X
+efficiency, ``attention.toml``). NVIDIA GPUs by architecture. AMD GPUs by architecture and board power: the MI300X
 (750 W) and MI325X (1,000 W) share CDNA 3 and its peak, the MI350X (1,000 W) and MI355X (1,400 W)
 CDNA 4, but the same MLPerf LoRA run is 1.34x faster on the MI325X and 1.21x on the MI355X —
 sustained clocks under load, which κ carries, differ with the power envelope (the MI250X's CDNA 2
@@ -128,19 +120,6 @@ NATIVE_STACK: Final[dict[str, str]] = {"tpu": "maxtext", "trainium": "neuron"}
 """The training stack each non-GPU generation's published runs use: XLA (MaxText) on TPU, the
 Neuron SDK on Trainium. A request for another stack on these devices takes the native stack's
 κ, and the estimate says so (a CUDA stack such as Megatron-Core does not run there)."""
-
-ATTENTION_BY_GENERATION: Final[dict[str, str]] = {"ampere": "ampere", "ada": "ampere", "hopper": "hopper"}
-
-
-def flash_attention_efficiency(accelerator_name: str) -> tuple[float, bool]:
-    """(η_attn, assumed): the kernel's fraction of peak for this device's generation.
-
-    Ada (RTX 4090, L40S) runs the same FlashAttention-2 sm80 code path as Ampere."""
-    gen = ATTENTION_BY_GENERATION.get(GENERATION.get(accelerator_name, ""))
-    if gen is None:
-        return FLASH_ATTENTION_EFFICIENCY["hopper"], True
-    return FLASH_ATTENTION_EFFICIENCY[gen], False
-
 
 @functools.cache
 def _calibration() -> dict[tuple[str, str], float]:
@@ -332,8 +311,29 @@ class Peaks:
     peak: float
     peak_hp: float
     peak_attn: float
-    eta_attn: float
-    attn_assumed: bool
+
+
+def attention_etas(
+    acc: Accelerator, recipe: Recipe, eff: DeviceEfficiency, model: ModelSpec, cp: int
+) -> AttentionEfficiency:
+    """η_attn of the forward (and recompute) and of the backward pass: ``step_time`` and the planner
+    read this one function (per accelerator and cp degree).
+
+    Flash attention: the stack's kernel on the device's generation from the published curves
+    (:func:`trainplan.attention.attention_efficiency`, at the sequence per rank ``seq_len / cp``,
+    the model's head dim, causal). Eager attention: the batched QKᵀ / PV GEMMs at
+    :data:`EAGER_ATTENTION_EFFICIENCY_FACTOR` of the large-GEMM rate. Both are capped at the
+    activation dtype's large-GEMM fraction (a fused kernel is not faster than the GEMMs it is made of).
+    """
+    act = recipe_peaks(acc, recipe, eff).activation_dtype
+    cap = eff.gemm_max(act)
+    if recipe.attention != "flash":
+        eta = cap * EAGER_ATTENTION_EFFICIENCY_FACTOR
+        return AttentionEfficiency(
+            forward=eta, backward=eta, kernel="eager", generation="", assumed=False, notes=()
+        )
+    got = attention_efficiency(GENERATION.get(acc.name, ""), recipe.stack, model.head_dim, recipe.seq_len, cp)
+    return dataclasses.replace(got, forward=min(got.forward, cap), backward=min(got.backward, cap))
 
 
 def recipe_peaks(acc: Accelerator, recipe: Recipe, eff: DeviceEfficiency) -> Peaks:
@@ -347,27 +347,16 @@ def recipe_peaks(acc: Accelerator, recipe: Recipe, eff: DeviceEfficiency) -> Pea
     peak = acc.peak_flops_per_s(dtype)
     peak_attn = acc.peak_flops_per_s(act)
     peak_hp = peak_attn * (eff.gemm_max(act) / eff.gemm_max(dtype)) if act != dtype else peak
-    assumed = False
-    if recipe.attention == "flash":
-        eta_attn, assumed = flash_attention_efficiency(acc.name)
-    else:
-        eta_attn = eff.gemm_max(act) * EAGER_ATTENTION_EFFICIENCY_FACTOR
-    eta_attn = min(eta_attn, eff.gemm_max(act))
-    return Peaks(
-        dtype=dtype,
-        activation_dtype=act,
-        peak=peak,
-        peak_hp=peak_hp,
-        peak_attn=peak_attn,
-        eta_attn=eta_attn,
-        attn_assumed=assumed,
-    )
+    return Peaks(dtype=dtype, activation_dtype=act, peak=peak, peak_hp=peak_hp, peak_attn=peak_attn)
 
 
 def _pass_time_s(
     cost: PassCost, peak: float, eta_gemm: float, eta_attn: float, bw: float, peak_hp: float, peak_attn: float
 ) -> float:
-    """Roofline of one pass: low-precision GEMMs, activation-precision GEMMs, attention, memory."""
+    """Roofline of one pass: low-precision GEMMs, activation-precision GEMMs, attention, memory.
+
+    ``eta_attn`` is the pass's own attention-kernel fraction (:func:`attention_etas`: the forward's
+    for the forward and the recompute, the backward's for the backward)."""
     return (
         (cost.gemm_flops - cost.hp_gemm_flops) / (peak * eta_gemm)
         + cost.hp_gemm_flops / (peak_hp * eta_gemm)
@@ -745,10 +734,11 @@ def step_time(
                 )
     eff = get_efficiency(acc.name)
     pk = recipe_peaks(acc, recipe, eff)
-    dtype, peak, peak_hp, peak_attn, eta_attn = pk.dtype, pk.peak, pk.peak_hp, pk.peak_attn, pk.eta_attn
+    dtype, peak, peak_hp, peak_attn = pk.dtype, pk.peak, pk.peak_hp, pk.peak_attn
+    attn = attention_etas(acc, recipe, eff, model, layout.cp)
+    eta_af, eta_ab = attn.forward, attn.backward
     bw = acc.memory_bandwidth_bytes_per_s * eff.memory_bandwidth_efficiency
-    if pk.attn_assumed:
-        notes.append(f"no published attention-kernel efficiency for {acc.name}: the Hopper figure is used")
+    notes.extend(attn.notes)
 
     stages: tuple[StageFlops, ...] = device_flops(model, recipe, layout, distinct=True)
     m = stages[0].micro_batches
@@ -763,11 +753,11 @@ def step_time(
         eta = etas.get(kinds)
         if eta is None:
             eta = etas[kinds] = _stage_gemm_efficiency(model, st.layers, tokens, layout, eff, dtype)
-        f = _pass_time_s(st.forward, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
+        f = _pass_time_s(st.forward, peak, eta, eta_af, bw, peak_hp, peak_attn) / kappa
         b = (
-            _pass_time_s(st.backward, peak, eta, eta_attn, bw, peak_hp, peak_attn) + st.dequant_bytes / bw
+            _pass_time_s(st.backward, peak, eta, eta_ab, bw, peak_hp, peak_attn) + st.dequant_bytes / bw
         ) / kappa
-        r = _pass_time_s(st.recompute, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
+        r = _pass_time_s(st.recompute, peak, eta, eta_af, bw, peak_hp, peak_attn) / kappa
         return f, b, r, eta
 
     timed = [(stage_time(st), st) for st in stages]  # each distinct stage once
@@ -820,8 +810,8 @@ def step_time(
         gemm_f=gemm[0],
         gemm_b=gemm[1],
         gemm_r=gemm[2],
-        attn_f=busiest.forward.attention_flops / (peak_attn * eta_attn),
-        attn_b=busiest.backward.attention_flops / (peak_attn * eta_attn),
+        attn_f=busiest.forward.attention_flops / (peak_attn * eta_af),
+        attn_b=busiest.backward.attention_flops / (peak_attn * eta_ab),
         collectives=colls,
         pp=layout.pp,
         bubble_divisor=bubble_divisor(layout.pp_schedule, layout.virtual_stages),

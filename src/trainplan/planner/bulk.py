@@ -124,6 +124,7 @@ from trainplan.timing import (
     StepInputs,
     _pass_time_s,
     _stage_gemm_efficiency,
+    attention_etas,
     bubble_divisor,
     calibrated_kappa,
     flops_utilisation,
@@ -645,7 +646,6 @@ class _Accel:
     peak_hp: float  # timing.Peaks: the LM head under FP8/FP4 recipes
     peak_attn: float  # timing.Peaks: attention at the activation dtype
     bw: float
-    eta_attn: float
     kappa: float
     up: tuple[float, float, float]  # bandwidth, latency, efficiency
     out: tuple[float, float, float] | None
@@ -693,7 +693,6 @@ def accel_constants(acc: Accelerator, recipe: Recipe, price: float | None) -> _A
         peak_hp=pk.peak_hp,
         peak_attn=pk.peak_attn,
         bw=bw,
-        eta_attn=pk.eta_attn,
         kappa=kappa,
         up=up,
         out=out,
@@ -1057,6 +1056,16 @@ class BulkEvaluator:
             self._accel_cache[key] = accel_constants(self.accelerators[a], recipe, self.prices[a])
         return self._accel_cache[key]
 
+    def _attention_etas(self, a_ids: IntArray, p: int, cp: int) -> tuple[FloatArray, FloatArray]:
+        """``timing.attention_etas`` (forward, backward) of each accelerator of ``a_ids`` at
+        precision ``p`` and context-parallel degree ``cp``."""
+        recipe = self.cores[self._prec_core[p]].recipe(self.base)
+        got = [
+            attention_etas(self.accelerators[a], recipe, self._accel(a, p).eff, self.model, cp)
+            for a in a_ids.tolist()
+        ]
+        return np.array([g.forward for g in got]), np.array([g.backward for g in got])
+
     def _accel_arrays(self, api: IntArray) -> dict[str, FloatArray]:
         """Accelerator constants as (accelerator, precision) tables, filled for the pairs used
         (``api`` = accelerator · number of precisions + precision)."""
@@ -1136,7 +1145,6 @@ class BulkEvaluator:
         peak_hp = np.array([ax.peak_hp for ax in axs])[None, :]
         peak_attn = np.array([ax.peak_attn for ax in axs])[None, :]
         bw = np.array([ax.bw for ax in axs])[None, :]
-        eta_attn = np.array([ax.eta_attn for ax in axs])[None, :]
         kappa = np.array([ax.kappa for ax in axs])[None, :]
         # one row per distinct stage of each compute key, in order
         spans = [self._stage_rows(fk) for fk in k_ids.tolist()]
@@ -1155,6 +1163,11 @@ class BulkEvaluator:
         used = np.unique(eta_rows)
         eta = np.stack([self._eta_values(e, a_ids) for e in used.tolist()])[np.searchsorted(used, eta_rows)]
         work = np.array(self._stage_work, dtype=np.float64).reshape(-1, 13)[rows]
+        # timing.attention_etas per (accelerator, cp) of each row's compute key
+        row_cp = np.repeat(np.array([self._fkeys[fk].cp for fk in k_ids.tolist()], dtype=np.int64), lens)
+        by_cp = {cp: self._attention_etas(a_ids, p, cp) for cp in np.unique(row_cp).tolist()}
+        eta_af = np.stack([by_cp[cp][0] for cp in row_cp.tolist()])
+        eta_ab = np.stack([by_cp[cp][1] for cp in row_cp.tolist()])
 
         def cost(j: int) -> _ArrayCost:
             return _ArrayCost(
@@ -1166,12 +1179,12 @@ class BulkEvaluator:
 
         fwd, bwd, rec = cost(0), cost(4), cost(8)
         dequant = work[:, 12:13]
-        f = _pass(fwd, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
-        b = (_pass(bwd, peak, eta, eta_attn, bw, peak_hp, peak_attn) + dequant / bw) / kappa
-        r = _pass(rec, peak, eta, eta_attn, bw, peak_hp, peak_attn) / kappa
+        f = _pass(fwd, peak, eta, eta_af, bw, peak_hp, peak_attn) / kappa
+        b = (_pass(bwd, peak, eta, eta_ab, bw, peak_hp, peak_attn) + dequant / bw) / kappa
+        r = _pass(rec, peak, eta, eta_af, bw, peak_hp, peak_attn) / kappa
         total = f + b + r
-        a_f = fwd.attention_flops / (peak_attn * eta_attn) + 0.0 * f
-        a_b = bwd.attention_flops / (peak_attn * eta_attn) + 0.0 * f
+        a_f = fwd.attention_flops / (peak_attn * eta_af) + 0.0 * f
+        a_b = bwd.attention_flops / (peak_attn * eta_ab) + 0.0 * f
         g_f, g_b, g_r = (
             ((c.gemm_flops - c.hp_gemm_flops) / peak + c.hp_gemm_flops / peak_hp) / eta / kappa
             for c in (fwd, bwd, rec)
