@@ -50,13 +50,15 @@ TIME_TERMS: Final[tuple[Term, ...]] = (
         key="forward_s",
         label="compute (forward)",
         group="compute",
-        source="Williams et al. 2009 (roofline) per op class; FLOPs: Narayanan et al. 2021 Eq. 3",
+        source="Williams et al. 2009 (roofline) per op class; FLOPs: Narayanan et al. 2021 Eq. 3; attention "
+        "kernel rates: Shah et al. 2024 (FlashAttention-3) Figs. 5-6, Dao 2023 (FlashAttention-2) Sec. 4.1",
     ),
     Term(
         key="backward_s",
         label="compute (backward)",
         group="compute",
-        source="Williams et al. 2009 (roofline); backward = 2× forward GEMM FLOPs (Narayanan et al. 2021 Sec. 5.1)",
+        source="Williams et al. 2009 (roofline); backward = 2× forward GEMM FLOPs (Narayanan et al. 2021 Sec. 5.1); "
+        "attention backward rates: Shah et al. 2024 (FlashAttention-3) Fig. 6",
     ),
     Term(
         key="recompute_s",
