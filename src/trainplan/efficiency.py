@@ -25,9 +25,21 @@ file falls back to the **fleet default**: the median of the measured (not borrow
 that quantity. Fallback values are flagged (:attr:`DeviceEfficiency.assumed`) and say so in
 :attr:`DeviceEfficiency.notes`.
 
-No small-``k`` or small-problem penalty is applied: no published, citable per-accelerator
-curve was found, so :func:`gemm_efficiency` accepts ``k`` but models only the M x N output
-tiling. Small GEMMs are usually memory-bound and are caught by the memory roofline instead.
+Small and skinny GEMMs (``gemm_shapes.toml``, GH100 devices): a measured table of BF16 GEMM
+throughput over m, n, k = 256..4096 (OpenXLA's default matmul table, sm_90) shows two effects the
+tile and wave factors alone miss: a fixed cost per output tile that a short ``k`` loop does not
+amortise (k = 256 runs at half the rate of k = 4096), and under-filled launches (fewer tiles than
+SMs) that cuBLAS fills by splitting ``k`` across SMs rather than idling them. With ``s`` = split
+factor and ``W`` = waves of tiles (:func:`mainloop_fraction`)::
+
+    s = max(1, units // tiles)      (1 when the tiles fill the SMs)
+    f = wave_fraction(s·tiles) · k' / (k' + a + b / W),   k' = k / s,  W = s·tiles / units
+
+``a`` and ``b`` (in units of k) are fitted to that table (:func:`fit_k_overhead`; a test re-fits
+them): the per-tile prologue/epilogue, part of it hidden when an SM runs several tiles. The
+efficiency is ``gemm_max`` × tile fraction × ``f`` / ``f`` of the shape ``gemm_max`` was measured
+at, capped at ``gemm_max``. Other devices (no such table) keep the tile and wave factors only, and
+their small-``k`` cost is not modelled (stated in docs/efficiency.md).
 """
 
 from __future__ import annotations
@@ -45,6 +57,10 @@ from typing import Final
 from trainplan.errors import CatalogError
 
 DATA_FILE: Final = "efficiency.toml"
+SHAPES_FILE: Final = "gemm_shapes.toml"
+K_OVERHEAD_DTYPES: Final = ("bf16", "fp16")
+"""The dtypes the small-shape table measures (BF16; FP16 runs the same kernels). Others keep the
+tile and wave factors only."""
 
 #: dtypes whose tensor-core rate and kernels equal another dtype's: a missing entry reuses it.
 _SAME_RATE: Final[Mapping[str, str]] = MappingProxyType({"fp16": "bf16"})
@@ -62,6 +78,7 @@ _DEVICE_KEYS: Final = frozenset(
         "notes",
         "gemm",
         "memory",
+        "gemm_shapes",
     }
 )
 _GEMM_KEYS: Final = frozenset({"measured_tflops", "peak_tflops", "shape", "library", "date", "source"})
@@ -91,6 +108,8 @@ class DeviceEfficiency:
     sources: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     assumed: tuple[str, ...] = ()
+    k_overhead: tuple[float, float] | None = None  # (a, b) of :func:`mainloop_fraction`, in k elements
+    reference_shapes: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # gemm_max's m, n, k
 
     def __post_init__(self) -> None:
         where = f"efficiency '{self.name}'"
@@ -105,6 +124,7 @@ class DeviceEfficiency:
             raise CatalogError("tile_m", f"{where}: give both tile_m and tile_n, or neither")
         object.__setattr__(self, "gemm_efficiency_max", MappingProxyType(dict(self.gemm_efficiency_max)))
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        object.__setattr__(self, "reference_shapes", MappingProxyType(dict(self.reference_shapes)))
 
     @property
     def is_assumed(self) -> bool:
@@ -163,11 +183,12 @@ def _string(table: Mapping[str, object], key: str, where: str) -> str:
 
 @dataclass(frozen=True)
 class _Figure:
-    """One measured or borrowed fraction with its citation."""
+    """One measured or borrowed fraction with its citation (and, for a GEMM, its m, n, k)."""
 
     fraction: float
     source: str
     measured: bool
+    shape: tuple[int, int, int] | None = None
 
 
 def _read_document() -> dict[str, object]:
@@ -199,7 +220,16 @@ def _figure(table: Mapping[str, object], kind: str, where: str) -> tuple[_Figure
         )
     fraction = measured / peak
     _fraction(f"{kind}.efficiency", fraction, where)
-    return _Figure(fraction, cite, True), None
+    return _Figure(fraction, cite, True, _shape(table.get("shape")) if kind == "gemm" else None), None
+
+
+def _shape(text: object) -> tuple[int, int, int] | None:
+    """``"MxNxK"`` as integers, or None when the entry states no such shape."""
+    parts = str(text).lower().split("x") if isinstance(text, str) else []
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        return None
+    m, n, k = (int(p) for p in parts)
+    return m, n, k
 
 
 @dataclass(frozen=True)
@@ -248,7 +278,7 @@ def _load() -> tuple[Mapping[str, DeviceEfficiency], Mapping[str, float], float]
             return figure
         assert sibling is not None
         got = resolve(kind, sibling, dtype, (*seen, name))
-        return _Figure(got.fraction, f"borrowed from {sibling}: {got.source}", False)
+        return _Figure(got.fraction, f"borrowed from {sibling}: {got.source}", False, got.shape)
 
     resolved: dict[str, tuple[dict[str, _Figure], _Figure | None]] = {}
     for name, item in raw.items():
@@ -293,8 +323,22 @@ def _load() -> tuple[Mapping[str, DeviceEfficiency], Mapping[str, float], float]
         wave = entry.get("wave_quantization", True)
         if not isinstance(wave, bool):
             raise CatalogError("wave_quantization", f"{DATA_FILE}, device '{name}': must be true or false")
+        shapes_of = entry.get("gemm_shapes")
+        k_overhead = None
+        if shapes_of is not None:
+            table = _gemm_shapes().get(str(shapes_of))
+            if table is None:
+                raise CatalogError(
+                    "gemm_shapes", f"{DATA_FILE}, device '{name}': no table '{shapes_of}' in {SHAPES_FILE}"
+                )
+            k_overhead = table.k_overhead
+            sources["k_overhead"] = (
+                f"{table.source}; fitted a = {k_overhead[0]:g}, b = {k_overhead[1]:g} (k elements)"
+            )
         result[name] = DeviceEfficiency(
             name=name,
+            k_overhead=k_overhead,
+            reference_shapes={d: f.shape for d, f in gemm_fig.items() if f.shape is not None},
             gemm_efficiency_max={d: f.fraction for d, f in gemm_fig.items()},
             memory_bandwidth_efficiency=mem_value,
             compute_units=_opt_int(entry, "compute_units"),
@@ -382,6 +426,95 @@ def get_efficiency(accelerator_name: str) -> DeviceEfficiency:
     )
 
 
+@dataclass(frozen=True)
+class GemmShapes:
+    """One measured small-shape table of ``gemm_shapes.toml`` and its stored fit."""
+
+    name: str
+    units: int
+    tile_m: int
+    tile_n: int
+    points: tuple[tuple[int, int, int, int, float], ...]  # b, m, n, k, TFLOP/s
+    k_overhead: tuple[float, float]  # (a, b), fitted by fit_k_overhead and stored
+    source: str
+
+
+@functools.cache
+def _gemm_shapes() -> Mapping[str, GemmShapes]:
+    text = resources.files("trainplan.hardware").joinpath("data", SHAPES_FILE).read_text(encoding="utf-8")
+    doc = tomllib.loads(text)
+    out: dict[str, GemmShapes] = {}
+    for entry in doc.get("device", []):
+        where = f"{SHAPES_FILE}, device '{entry.get('name', '?')}'"
+        name = _string(entry, "name", where)
+        points = entry.get("points")
+        tile = entry.get("tile")
+        ko = entry.get("k_overhead")
+        if (
+            not isinstance(points, list)
+            or not points
+            or not all(
+                isinstance(p, list) and len(p) == 5 and all(isinstance(v, int | float) and v > 0 for v in p)
+                for p in points
+            )
+        ):
+            raise CatalogError("points", f"{where}: a list of [b, m, n, k, TFLOP/s] with positive values")
+        if not (isinstance(tile, list) and len(tile) == 2) or not (isinstance(ko, list) and len(ko) == 2):
+            raise CatalogError("tile", f"{where}: needs tile = [m, n] and k_overhead = [a, b]")
+        out[name] = GemmShapes(
+            name=name,
+            units=int(_number(entry, "units", where)),
+            tile_m=int(tile[0]),
+            tile_n=int(tile[1]),
+            points=tuple((int(b), int(m), int(n), int(k), float(t)) for b, m, n, k, t in points),
+            k_overhead=(float(ko[0]), float(ko[1])),
+            source=_string(entry, "source", where),
+        )
+    return MappingProxyType(out)
+
+
+def gemm_shape_tables() -> Mapping[str, GemmShapes]:
+    """The measured small-shape tables by name (``gemm_shapes.toml``)."""
+    return _gemm_shapes()
+
+
+def mainloop_fraction(tiles: int, k: int, units: int, a: float, b: float) -> float:
+    """Wave and per-tile-overhead share of a GEMM of ``tiles`` output tiles and depth ``k`` (module
+    docstring): an under-filled launch is split along k into ``s = units // tiles`` parts (split-K,
+    CUTLASS ``media/docs/efficient_gemm.md``, "Parallelized reductions"), then each SM's tiles pay
+    ``a + b / W`` k-steps of prologue and epilogue beside their ``k'`` k-steps of work."""
+    split = max(1, units // tiles) if tiles < units else 1
+    spread = tiles * split
+    depth = k / split
+    waves = spread / units
+    return wave_fraction(spread, units) * depth / (depth + a + b / waves)
+
+
+def fit_k_overhead(table: GemmShapes) -> tuple[float, float, float]:
+    """(a, b, rms log error) of :func:`mainloop_fraction` fitted to a measured table.
+
+    Measured TFLOP/s = R · tile_fraction · mainloop_fraction(a, b) with R the best log-mean scale;
+    (a, b) by grid search (a step 4 up to 400, b step 10 up to 1500, in k elements), least squares
+    on the log ratio. A batched GEMM of b × (m × k) @ (k × n) has b times the tiles of one.
+    """
+    rows = []
+    for bt, m, n, k, tflops in table.points:
+        tiles = bt * math.ceil(m / table.tile_m) * math.ceil(n / table.tile_n)
+        rows.append(
+            (tiles, k, math.log(tflops * 1e12) - math.log(tile_fraction(m, n, table.tile_m, table.tile_n)))
+        )
+    best = (math.inf, 0.0, 0.0)
+    for ia in range(0, 101):
+        for ib in range(0, 151):
+            a, b = 4.0 * ia, 10.0 * ib
+            resid = [y - math.log(mainloop_fraction(t, k, table.units, a, b)) for t, k, y in rows]
+            mean = sum(resid) / len(resid)
+            err = sum((r - mean) ** 2 for r in resid) / len(resid)
+            if err < best[0]:
+                best = (err, a, b)
+    return best[1], best[2], math.sqrt(best[0])
+
+
 def tile_fraction(m: int, n: int, tile_m: int, tile_n: int) -> float:
     """Useful share of the padded output tiles (tile quantization).
 
@@ -409,9 +542,10 @@ def gemm_efficiency(eff: DeviceEfficiency, m: int, n: int, k: int, dtype: str) -
 
     ``eff.gemm_max(dtype)`` (best measured large-GEMM fraction) x tile-quantization fraction x
     wave-quantization fraction, the last two only when the chip's tile (and unit count) are
-    known. ``k`` is validated but does not enter: no sourced small-k penalty exists (see module
-    docstring). The measured maximum comes from a shape with no quantization loss, so a large,
-    tile-aligned GEMM returns (almost exactly) ``gemm_max``.
+    known. With a measured small-shape table (``eff.k_overhead``, BF16/FP16) the wave factor is
+    :func:`mainloop_fraction` instead (split-K of under-filled launches, per-tile overhead of a
+    short ``k``), relative to its value at the shape ``gemm_max`` was measured at and capped at 1,
+    so a large GEMM returns ``gemm_max``. Otherwise ``k`` is validated but does not enter.
     """
     for label, value in (("m", m), ("n", n), ("k", k)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -420,7 +554,16 @@ def gemm_efficiency(eff: DeviceEfficiency, m: int, n: int, k: int, dtype: str) -
     if eff.tile_m is None or eff.tile_n is None:
         return fraction
     fraction *= tile_fraction(m, n, eff.tile_m, eff.tile_n)
+    tiles = math.ceil(m / eff.tile_m) * math.ceil(n / eff.tile_n)
+    ref = eff.reference_shapes.get("bf16")
+    if eff.k_overhead is not None and eff.compute_units is not None and dtype in K_OVERHEAD_DTYPES and ref:
+        a, b = eff.k_overhead
+        rm, rn, rk = ref
+        ref_tiles = math.ceil(rm / eff.tile_m) * math.ceil(rn / eff.tile_n)
+        ratio = mainloop_fraction(tiles, k, eff.compute_units, a, b) / mainloop_fraction(
+            ref_tiles, rk, eff.compute_units, a, b
+        )
+        return fraction * min(1.0, ratio)
     if eff.wave_quantization and eff.compute_units is not None:
-        tiles = math.ceil(m / eff.tile_m) * math.ceil(n / eff.tile_n)
         fraction *= wave_fraction(tiles, eff.compute_units)
     return fraction
