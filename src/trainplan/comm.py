@@ -1235,7 +1235,7 @@ def zero3_gather_units(spec: ModelSpec, layout: Layout) -> int:
 
 def most_stage_layers(spec: ModelSpec, layout: Layout) -> int:
     """Layers of the pipeline stage that holds the most (``layout.stage_layers``)."""
-    return max(len(st) for st in layout.stage_layers(spec.num_layers))
+    return max(map(len, layout.stage_layers(spec.num_layers)))
 
 
 def gather_units(spec: ModelSpec, layers: Int, granularity: str) -> Int:

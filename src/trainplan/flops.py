@@ -814,7 +814,7 @@ def _layer_passes(
 
 @functools.lru_cache(maxsize=4096)
 def _kind_counts(
-    spec: ModelSpec, layers: tuple[int, ...], peft: bool, recompute_every: int = 1
+    spec: ModelSpec, layers: range | tuple[int, ...], peft: bool, recompute_every: int = 1
 ) -> dict[tuple[bool, bool, bool], tuple[int, int, int]]:
     """{(MoE?, first layer under PEFT?, recomputed?): (representative layer, its position in the
     stage, count)} over ``layers``.
@@ -844,7 +844,8 @@ def _sum_layers(
     """Sum of :func:`_layer_passes` over ``layers``: every dense layer costs the same, so does every MoE
     layer; each kind is computed once and multiplied by its count (keeps an estimate well under 1 ms).
     """
-    counts = _kind_counts(spec, tuple(layers), recipe.is_peft, recipe.recompute_every)
+    # a range hashes in constant time (the whole model's layers); a stage's layers are a tuple
+    counts = _kind_counts(spec, layers, recipe.is_peft, recipe.recompute_every)
     cache = {} if cache is None else cache
     key = tuple(sorted((kind, n) for kind, (_, _, n) in counts.items()))
     if key in cache:

@@ -32,7 +32,7 @@ in two named terms (:func:`tp_embedding_grad_extra_params`, :func:`sp_saves_gath
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, cast
 
@@ -1374,9 +1374,7 @@ def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer
     f_local = model.ffn_hidden / t
     rebuilt = 0.0
     if recipe.recompute == "full":
-        full = layer_activations(
-            model, replace(recipe, recompute="none", recompute_every=1), layout, layer
-        ).total_bytes
+        full = layer_activations(model, _without_recompute(recipe), layout, layer).total_bytes
         rebuilt = full - block_input_bytes(model, recipe, layout)
     elif recipe.recompute == "sac":
         rebuilt = sac_recompute_transient_bytes(model, recipe, layout, layer) - block_input_bytes(
@@ -1402,13 +1400,18 @@ def block_kinds(model: ModelSpec, recipe: Recipe, layers: tuple[int, ...]) -> li
 
 
 def _block_backward_pair(
-    model: ModelSpec, recipe: Recipe, layout: Layout, layers: tuple[int, ...]
+    model: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    layers: tuple[int, ...],
+    saved: Callable[[Recipe, int], float] | None = None,
 ) -> tuple[float, float]:
     """(B of the stage's last block — the first of the backward —, the largest of B_i less the
     activations of the blocks between block i and the last, over the blocks before the last):
     what the two variants of the "backward (in a block)" moment add to the activations alive
     there (:func:`block_backward_bytes`; the blocks after block i have freed theirs). Equal
-    blocks give (B, B)."""
+    blocks give (B, B). ``saved(recipe, layer)``: a block's saved bytes (default
+    :func:`layer_activations`' total)."""
     if not layers:
         return 0.0, 0.0
     cache: dict[tuple[bool, bool], tuple[float, float]] = {}
@@ -1419,7 +1422,7 @@ def _block_backward_pair(
         key = (model.is_moe_layer(i), rb is recipe)
         if key not in cache:
             cache[key] = (
-                layer_activations(model, rb, layout, i).total_bytes,
+                saved(rb, i) if saved is not None else layer_activations(model, rb, layout, i).total_bytes,
                 block_backward_bytes(model, rb, layout, i),
             )
         return cache[key]
@@ -1437,19 +1440,38 @@ def _block_backward_pair(
 
 
 def stage_activations(
-    model: ModelSpec, recipe: Recipe, layout: Layout, stage: int, num_microbatches: int
+    model: ModelSpec,
+    recipe: Recipe,
+    layout: Layout,
+    stage: int,
+    num_microbatches: int,
+    *,
+    block_backward: bool = True,
 ) -> StageActivations:
     """Saved activations (Korthikanti et al. 2022 Table 2, generalised: :func:`layer_activations`)
     of the stage's layers times the in-flight micro-batches (:func:`inflight_microbatches`), the
-    first stage's inputs, and the transients that compete for the peak."""
+    first stage's inputs, and the transients that compete for the peak.
+
+    ``block_backward=False`` leaves the ZeRO-3 block-backward bytes 0 (a layout without ZeRO-3,
+    whose moments do not read them: :func:`stage_memory_fields`)."""
     layers = stage_layers(model, layout, stage)
     inflight = inflight_microbatches(layout, stage, num_microbatches)
     act_terms: dict[str, float] = {}
     largest_layer_full = 0.0
     fixed = 0.0  # bytes that do not grow with the in-flight micro-batches
     kinds = block_kinds(model, recipe, layers)
+    # One layer's saved set per (block recipe, layer kind): a stage's blocks of one kind are equal.
+    per_block: dict[tuple[int, bool], LayerActivations] = {}
+
+    def block(rb: Recipe, i: int) -> LayerActivations:
+        key = (id(rb), model.is_moe_layer(i))
+        la = per_block.get(key)
+        if la is None:
+            la = per_block[key] = layer_activations(model, rb, layout, i)
+        return la
+
     for i, n_layers, rb in kinds:
-        la = layer_activations(model, rb, layout, i)
+        la = block(rb, i)
         for k, v in la.terms.items():
             act_terms[k] = act_terms.get(k, 0.0) + v * inflight * n_layers
         if rb.recompute == "full":
@@ -1476,7 +1498,7 @@ def stage_activations(
             # Frozen embedding and frozen first norm: nothing upstream of layer 0's attention norm
             # needs a gradient, so that norm (autograd records no node) saves neither its input
             # (the embedding output) nor its statistics (traced).
-            first = layer_activations(model, first_recipe, layout, layers[0]).terms
+            first = block(first_recipe, layers[0]).terms
             stats = first["norm_stats"] / (2 * (2 if model.post_norms else 1))
             # Taken out of the terms that counted them for every layer: no term is negative.
             act_terms["attn_norm_input"] -= inflight * first["attn_norm_input"]
@@ -1489,9 +1511,7 @@ def stage_activations(
         terms=act_terms,
         per_microbatch_bytes=(sum(act_terms.values()) - fixed) / inflight,
         recompute_transient_bytes=largest_layer_full,
-        last_layer_bytes=layer_activations(
-            model, block_recipe(recipe, len(layers) - 1), layout, layers[-1]
-        ).total_bytes
+        last_layer_bytes=block(block_recipe(recipe, len(layers) - 1), layers[-1]).total_bytes
         if layers
         else 0.0,
         logits_saved_bytes=logits_saved,
@@ -1501,7 +1521,9 @@ def stage_activations(
         **dict(
             zip(
                 ("block_backward_bytes", "block_backward_later_bytes"),
-                _block_backward_pair(model, recipe, layout, layers),
+                _block_backward_pair(model, recipe, layout, layers, lambda rb, i: block(rb, i).total_bytes)
+                if block_backward
+                else (0.0, 0.0),
                 strict=True,
             )
         ),
@@ -1540,7 +1562,7 @@ def _stage_breakdown(
 ) -> MemoryBreakdown:
     dev = device_params(model, layout, stage, recipe.lora)
     st = _model_states(model, recipe, layout, dev)
-    acts = stage_activations(model, recipe, layout, stage, num_microbatches)
+    acts = stage_activations(model, recipe, layout, stage, num_microbatches, block_backward=layout.zero == 3)
     fields = stage_memory_fields(
         vars(st),
         activations=acts.total_bytes,
@@ -1582,9 +1604,9 @@ def candidate_stages(model: ModelSpec, layout: Layout) -> list[int]:
     layers than the first or the last."""
     stages = {0, layout.pp - 1}
     seen: set[int] = set()
-    for r, layers in enumerate(layout.stage_layers(model.num_layers)):
-        if len(layers) not in seen:
-            seen.add(len(layers))
+    for r, n in enumerate(map(len, layout.stage_layers(model.num_layers))):
+        if n not in seen:
+            seen.add(n)
             stages.add(r)
     return sorted(stages)
 

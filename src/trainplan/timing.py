@@ -247,8 +247,9 @@ class TimeBreakdown:
         """(label, seconds) of every term of :data:`trainplan.terms.TIME_TERMS`, in order."""
         return [(t.label, getattr(self, t.key)) for t in TIME_TERMS]
 
-    @property
+    @functools.cached_property
     def step_s(self) -> float:
+        """The terms' sum (computed once: the fields are frozen)."""
         return sum(v for _, v in self.terms())
 
     def to_dict(self) -> dict[str, object]:
