@@ -227,13 +227,15 @@ class MemoryBreakdown:
 
     def phase_terms(self, phase: str) -> list[tuple[str, float]]:
         """Live tensors at one moment of the step (see the class docstring)."""
-        live = self.grads_live_at_backward_start
+        # a bool for one estimate, a bool array (one per candidate) in the planner
+        live: Bool = self.grads_live_at_backward_start
+        grads: float
         if phase in ("backward (root)", "backward end"):
-            grads = self.gradients_bytes - (0.0 if live else self.fsdp_root_grad_shard_bytes)
-        elif phase == "optimizer step" or live:
+            grads = self.gradients_bytes - cast(float, where(live, 0.0, self.fsdp_root_grad_shard_bytes))
+        elif phase == "optimizer step":
             grads = self.gradients_bytes
         else:
-            grads = 0.0
+            grads = cast(float, where(live, self.gradients_bytes, 0.0))
         terms = [
             ("weights", self.weights_bytes),
             ("gradients", grads),
@@ -289,7 +291,10 @@ class MemoryBreakdown:
                 block,
                 ("FSDP prefetched block", self.fsdp_next_block_bytes),
                 ("FSDP block reduce-scatter input", self.fsdp_block_reduce_bytes),
-                ("FSDP reduced block-gradient shard", 0.0 if live else self.fsdp_block_grad_shard_bytes),
+                (
+                    "FSDP reduced block-gradient shard",
+                    cast(float, where(live, 0.0, self.fsdp_block_grad_shard_bytes)),
+                ),
             ]
         elif phase == "backward (in a block)":
             # The larger of the first block of the backward (all activations alive, the next
@@ -304,7 +309,7 @@ class MemoryBreakdown:
             later = (
                 self.fsdp_mid_prefetch_bytes
                 + self.fsdp_inflight_reduce_bytes
-                + (0.0 if live else self.fsdp_block_grad_shard_bytes)
+                + cast(float, where(live, 0.0, self.fsdp_block_grad_shard_bytes))
                 + self.fsdp_block_backward_later_bytes
             )
             terms += [
@@ -335,7 +340,7 @@ class MemoryBreakdown:
             # Without FSDP: the embedding's backward runs with the gradient of the first block's
             # input alive; a tied weight's gradient sum comes after it is freed (the larger
             # counts). Both are 0 under ZeRO-3, whose end of backward is the root's reduce.
-            tied = (3 if live else 2) * self.tied_grad_bytes
+            tied = cast(float, where(live, 3, 2)) * self.tied_grad_bytes
             x = self.input_grad_bytes
             terms += [
                 ("FSDP root gradient + reduce-scatter input", self.fsdp_root_grad_bytes),

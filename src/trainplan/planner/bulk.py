@@ -95,17 +95,20 @@ from trainplan.memory import (
     StageActivations,
     _model_states,
     _States,
+    block_input_bytes,
     capped_inflight,
     check_memory_margin,
     grads_live_at_backward_start,
     held_microbatches,
     host_fits,
+    input_grad_bytes,
     stage_activations,
     stage_memory_fields,
     usable_bytes,
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
+from trainplan.num import Bool
 from trainplan.predict import trainable_params
 from trainplan.recipe import (
     RECOMPUTES,
@@ -917,6 +920,9 @@ class BulkEvaluator:
         # ZeRO or offload. Each distinct call is made once: keyed by those inputs.
         a_of_core, a_first = keyed((0, 1, 2, 4, 5, 6, 8, 9, 10))
         a_tab = np.zeros((len(a_first), 2, 10))
+        # memory._stage_breakdown: a block's input x (FSDP2 moments) and the gradient of each
+        # stage's input at the end of backward (first, last stage); they read the same inputs
+        io_tab = np.zeros((len(a_first), 3))
         recipes: dict[tuple[int, ...], Recipe] = {}
         ones: dict[tuple[int, ...], StageActivations] = {}
         for j, c in enumerate(a_first):
@@ -927,6 +933,11 @@ class BulkEvaluator:
             if recipe is None:
                 recipe = recipes[rkey] = replace(core.recipe(no_ib), offload="none")
             layout = self._core_layout(core)
+            io_tab[j] = (
+                block_input_bytes(model, recipe, layout),
+                input_grad_bytes(model, recipe, layout, 0),
+                input_grad_bytes(model, recipe, layout, core.pp - 1),
+            )
             for k, stage in enumerate((0, core.pp - 1)):
                 okey = (row[0], row[1], row[2], row[4], *rkey, stage)
                 one = ones.get(okey)
@@ -948,6 +959,7 @@ class BulkEvaluator:
                     one.logits_forward_bytes,
                 )
         acts = a_tab[a_of_core]
+        self._core_input_bytes = io_tab[a_of_core]
         (
             act1,
             act_slope,
@@ -965,8 +977,9 @@ class BulkEvaluator:
         flat = s_tab.reshape(-1, 2, 2 * nf + 2)
         self._states_bad = np.isnan(flat[:, 0, 0])[cz]
         flat = np.where(np.isnan(flat), 0.0, flat)
-        self._sA = [[flat[cz, k, 2 * j] for k in (0, 1)] for j in range(nf)]
-        self._sB = [[flat[cz, k, 2 * j + 1] for k in (0, 1)] for j in range(nf)]
+        # [stage (first, last), field, core·4 + zero]: A and B of field = A + B/dp
+        self._sA = np.ascontiguousarray(flat[cz][:, :, 0 : 2 * nf : 2].transpose(1, 2, 0))
+        self._sB = np.ascontiguousarray(flat[cz][:, :, 1 : 2 * nf : 2].transpose(1, 2, 0))
         self._s_trainable = flat[cz, :, 2 * nf]
         self._s_params = flat[cz, :, 2 * nf + 1]
         # the same core one offload step lower (optimizer -> none, optimizer+params -> optimizer)
@@ -1412,29 +1425,13 @@ class BulkEvaluator:
         cz = core * 4 + zero
         invalid[self._states_bad[cz] & (invalid == 0)] = INVALID_STATES
 
-        def field(k: int, name: str) -> FloatArray:
-            j = _STATE_FIELDS.index(name)
-            return np.asarray(self._sA[j][k][cz] + self._sB[j][k][cz] / dp)
+        # every state field of both stages at once: A + B/dp (see _state_tables)
+        states = np.take(self._sA, cz, axis=2) + np.take(self._sB, cz, axis=2) / dp
 
         capacity = np.full(n, np.inf)  # the peak does not depend on the capacity
         grads_live = grads_live_at_backward_start(m, self.base.optimizer_in_backward)
-        # memory._stage_breakdown: a block's input x (FSDP2 moments) and the gradient of each
-        # stage's input at the end of backward (0 under ZeRO-3), per core and stage (first, last).
-        io = self.__dict__.get("_core_input_bytes")
-        if io is None:
-            from trainplan.memory import block_input_bytes, input_grad_bytes
-
-            rows = []
-            for c in self.cores:
-                rc, lc = c.recipe(self.base), self._core_layout(c)
-                rows.append(
-                    (
-                        block_input_bytes(self.model, rc, lc),
-                        input_grad_bytes(self.model, rc, lc, 0),
-                        input_grad_bytes(self.model, rc, lc, c.pp - 1),
-                    )
-                )
-            io = self.__dict__["_core_input_bytes"] = np.array(rows, dtype=np.float64).reshape(-1, 3)
+        # a block's input and each stage's input gradient (0 under ZeRO-3: stage_memory_fields)
+        io = self._core_input_bytes
         stage_vals = []
         for k in (0, 1):
             infl = capped_inflight(self._held[core, k], mf)
@@ -1442,7 +1439,7 @@ class BulkEvaluator:
             # memory.stage_memory_fields composes the stage (its transient: the loss backward,
             # the recomputed layer or the step inside the backward; the FSDP2 moments are phases)
             values = stage_memory_fields(
-                {name: field(k, name) for name in _STATE_FIELDS},
+                dict(zip(_STATE_FIELDS, states[k], strict=True)),
                 activations=act,
                 logits_saved=self._logits[core, k],
                 logits_transient=self._loss_transient[core, k],
@@ -1455,11 +1452,7 @@ class BulkEvaluator:
                 input_grad=io[core, 1 + k],
                 zero=zero,
             )
-            per_dev = np.where(
-                grads_live,
-                _array_memory(values, capacity, grads_live=True).per_device_bytes,
-                _array_memory(values, capacity, grads_live=False).per_device_bytes,
-            )
+            per_dev = _array_memory(values, capacity, grads_live=grads_live).per_device_bytes
             stage_vals.append(
                 (
                     per_dev,
@@ -1871,7 +1864,7 @@ class _ArrayMemory(MemoryBreakdown):
     start, so the peak is the scalar one."""
 
 
-def _array_memory(values: Mapping[str, Any], capacity: FloatArray, *, grads_live: bool) -> _ArrayMemory:
+def _array_memory(values: Mapping[str, Any], capacity: FloatArray, *, grads_live: Bool) -> _ArrayMemory:
     fields = cast(dict[str, Any], dict(values))
     return _ArrayMemory(
         **fields,
@@ -1879,7 +1872,7 @@ def _array_memory(values: Mapping[str, Any], capacity: FloatArray, *, grads_live
         cuda_context_bytes=CUDA_CONTEXT_BYTES,
         capacity_bytes=cast(Any, capacity),
         stage=0,
-        grads_live_at_backward_start=grads_live,
+        grads_live_at_backward_start=cast(Any, grads_live),
         params_on_device=0,
         trainable_params_on_device=0,
         fsdp=True,
