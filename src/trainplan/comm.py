@@ -711,6 +711,7 @@ def timed_collectives(
     ``device_bytes_per_s``: achievable device-memory bandwidth, needed by traffic that streams
     device memory of its own (:attr:`Traffic.device_bytes_per_byte`)."""
     out: list[Collective] = []
+    per_call_s: dict[tuple[str, float, str, float], float] = {}  # equal calls (one per pass) timed once
     for t in traffic:
         pl = placements[t.group]
         calls = float(t.calls)
@@ -722,7 +723,12 @@ def timed_collectives(
                 "device_bytes_per_s",
                 f"{t.name} streams device memory of its own: give the device's memory bandwidth",
             )
-        per_call = float(call_time_s(t, network.time_s(t.kind, buffer, pl), buffer, device_bytes_per_s))
+        key = (t.kind, buffer, t.group, t.device_bytes_per_byte)
+        per_call = per_call_s.get(key)
+        if per_call is None:
+            per_call = per_call_s[key] = float(
+                call_time_s(t, network.time_s(t.kind, buffer, pl), buffer, device_bytes_per_s)
+            )
         out.append(
             Collective(
                 name=t.name,

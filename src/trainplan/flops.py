@@ -1130,9 +1130,10 @@ def device_flops(
     between the first and the last; MoE stages are all kept), in stage order — what a caller that
     wants the busiest stage needs (``max`` keeps the first of equal ones).
 
-    ``layer_cache``: the per-layer work of an earlier call with the same recipe figures,
-    micro-batch, tp, cp and sequence parallelism (it does not depend on pp or the schedule); the
-    planner shares it between the pipeline layouts of one such key.
+    ``layer_cache``: the per-layer work, and the work of a dense stage by its length and place
+    (first, last), of an earlier call with the same recipe figures, micro-batch, tp, cp and
+    sequence parallelism (neither depends on pp or the schedule); the planner shares it between
+    the pipeline layouts of one such key.
     """
     if recipe.recompute == "sac":
         check_sac(spec, layout)
@@ -1150,39 +1151,49 @@ def device_flops(
     result: list[StageFlops] = []
     cache: dict[object, _LayerPasses] = {} if layer_cache is None else layer_cache
     stages = layout.stage_layers(spec.num_layers)
-    # Dense stages of equal length do the same work (PEFT: the first layer is its own kind).
-    by_length: dict[tuple[int, bool], _LayerPasses] = {}
     keep = (
         _distinct_dense_stages(stages, recipe.is_peft) if distinct and spec.moe is None else range(layout.pp)
     )
     for r in keep:
         layers = stages[r]
-        if spec.moe is None:
-            sig = (len(layers), recipe.is_peft and 0 in layers[:1])
-            got = by_length.get(sig)
-            if got is None:
-                got = by_length[sig] = _sum_layers(spec, layers, recipe, b, causal, split, cache)
-            lp = got
-        else:
-            lp = _sum_layers(spec, layers, recipe, b, causal, split, cache)
-        forward, backward, recompute, dequant = lp.forward, lp.backward, lp.recompute, lp.dequant_bytes
-        if r == 0:
-            emb = PassCost(memory_bytes=_embedding_bytes(spec, recipe, b, split))
-            forward += emb
-            backward += emb
-        if r == layout.pp - 1:
-            hf, hb, _ = _head_passes(spec, recipe, b, split)
-            forward += hf
-            backward += hb
+        first, last = r == 0, r == layout.pp - 1
+        # Dense stages of equal length and place (first, last) do the same work, whatever pp is
+        # (PEFT: the first layer is its own kind); an MoE stage's work depends on its layers.
+        sig = (
+            ("stage", len(layers), recipe.is_peft and 0 in layers[:1], first, last)
+            if spec.moe is None
+            else ("stage", layers, first, last)
+        )
+        got = cache.get(sig)
+        if got is None:
+            lkey = ("layers", *sig[1:-2])  # the stage's layers, wherever it sits
+            lp = cache.get(lkey) or _sum_layers(spec, layers, recipe, b, causal, split, cache)
+            cache[lkey] = lp
+            forward, backward = lp.forward, lp.backward
+            if first:
+                emb = PassCost(memory_bytes=_embedding_bytes(spec, recipe, b, split))
+                forward += emb
+                backward += emb
+            if last:
+                hf, hb, _ = _head_passes(spec, recipe, b, split)
+                forward += hf
+                backward += hb
+            got = cache[sig] = _LayerPasses(
+                forward=forward,
+                backward=backward,
+                recompute=lp.recompute,
+                model_flops=lp.model_flops,
+                dequant_bytes=lp.dequant_bytes,
+            )
         result.append(
             StageFlops(
                 stage=r,
                 layers=layers,
                 micro_batches=micro_batches,
-                forward=forward,
-                backward=backward,
-                recompute=recompute,
-                dequant_bytes=dequant,
+                forward=got.forward,
+                backward=got.backward,
+                recompute=got.recompute,
+                dequant_bytes=got.dequant_bytes,
             )
         )
     return tuple(result)
