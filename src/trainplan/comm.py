@@ -848,77 +848,84 @@ def data_parallel_traffic(
     f = vector_fraction if per_param else 0.0
     calls3 = where(z3, m * (u - v), 0)
     vector_calls3 = where(z3, m * v, 0)
+    out: list[Traffic] = []  # what the layout issues: a scalar call count of 0 is not declared
 
-    def gather3(phase: str, overlap: Overlap, calls: Num, vector: bool = False) -> Traffic:
+    def gather3(phase: str, overlap: Overlap, calls: Num, vector: bool = False) -> None:
+        if _never(calls):
+            return
         share = f / maximum(v, 1) if vector else (1.0 - f) / maximum(u - v, 1)
-        return Traffic(
-            name=f"{prefix}_fsdp_{phase}_{'vector_' if vector else ''}all_gather",
-            kind="all_gather",
-            group=group,
-            overlap=overlap,
-            source=src3,
-            buffer_bytes=param_bytes * share,
-            calls=calls,
-            copies_per_call_s=copies_s,
-            device_bytes_per_byte=PER_PARAMETER_GATHER_DEVICE_BYTES if per_param else 0.0,
+        out.append(
+            Traffic(
+                name=f"{prefix}_fsdp_{phase}_{'vector_' if vector else ''}all_gather",
+                kind="all_gather",
+                group=group,
+                overlap=overlap,
+                source=src3,
+                buffer_bytes=param_bytes * share,
+                calls=calls,
+                copies_per_call_s=copies_s,
+                device_bytes_per_byte=PER_PARAMETER_GATHER_DEVICE_BYTES if per_param else 0.0,
+            )
         )
 
-    def reduce3(calls: Num, vector: bool = False) -> Traffic:
+    def reduce3(calls: Num, vector: bool = False) -> None:
+        if _never(calls):
+            return
         share = f / maximum(v, 1) if vector else (1.0 - f) / maximum(u - v, 1)
-        return Traffic(
-            name=f"{prefix}_fsdp_grad_{'vector_' if vector else ''}reduce_scatter",
-            kind="reduce_scatter",
-            group=group,
-            overlap="none" if per_param else "backward",
-            source=src3,
-            buffer_bytes=grad_bytes * share,
-            calls=calls,
-            copies_per_call_s=copies_s,
-            device_bytes_per_byte=PER_PARAMETER_REDUCE_SCATTER_DEVICE_BYTES if per_param else 0.0,
+        out.append(
+            Traffic(
+                name=f"{prefix}_fsdp_grad_{'vector_' if vector else ''}reduce_scatter",
+                kind="reduce_scatter",
+                group=group,
+                overlap="none" if per_param else "backward",
+                source=src3,
+                buffer_bytes=grad_bytes * share,
+                calls=calls,
+                copies_per_call_s=copies_s,
+                device_bytes_per_byte=PER_PARAMETER_REDUCE_SCATTER_DEVICE_BYTES if per_param else 0.0,
+            )
         )
 
-    vectors: tuple[Traffic, ...] = ()
-    if per_param:
-        vectors = (
-            gather3("forward", "none", vector_calls3, vector=True),
-            gather3("recompute", "none", where(regather_for_recompute, vector_calls3, 0), vector=True),
-            gather3("backward", "none", vector_calls3, vector=True),
-            reduce3(vector_calls3, vector=True),
+    def zero12(name: str, kind: CollectiveKind, overlap: Overlap, nbytes: Num, calls: Num) -> None:
+        if _never(calls):
+            return
+        out.append(
+            Traffic(
+                name=f"{prefix}_{name}",
+                kind=kind,
+                group=group,
+                overlap=overlap,
+                source=_ZERO_SRC,
+                buffer_bytes=nbytes,
+                calls=calls,
+            )
         )
-    return (
-        Traffic(
-            name=f"{prefix}_grad_all_reduce",
-            kind="all_reduce",
-            group=group,
-            overlap="backward",
-            source=_ZERO_SRC,
-            buffer_bytes=grad_bytes,
-            calls=where(zero == 0, 1, 0),
-        ),
-        Traffic(
-            name=f"{prefix}_grad_reduce_scatter",
-            kind="reduce_scatter",
-            group=group,
-            overlap="backward",
-            source=_ZERO_SRC,
-            buffer_bytes=grad_bytes,
-            calls=where(zero == 1, 1, where(zero == 2, m, 0)),
-        ),
-        Traffic(
-            name=f"{prefix}_param_all_gather",
-            kind="all_gather",
-            group=group,
-            overlap="forward" if overlap_param_gather else "none",
-            source=_ZERO_SRC,
-            buffer_bytes=param_bytes,
-            calls=where(z12, 1, 0),
-        ),
-        gather3("forward", "none" if per_param else "forward", calls3),
-        gather3("recompute", "none", where(regather_for_recompute, calls3, 0) if per_param else 0),
-        gather3("backward", "none" if per_param else "backward", calls3),
-        reduce3(calls3),
-        *vectors,
+
+    zero12("grad_all_reduce", "all_reduce", "backward", grad_bytes, where(zero == 0, 1, 0))
+    zero12(
+        "grad_reduce_scatter",
+        "reduce_scatter",
+        "backward",
+        grad_bytes,
+        where(zero == 1, 1, where(zero == 2, m, 0)),
     )
+    zero12(
+        "param_all_gather",
+        "all_gather",
+        "forward" if overlap_param_gather else "none",
+        param_bytes,
+        where(z12, 1, 0),
+    )
+    gather3("forward", "none" if per_param else "forward", calls3)
+    gather3("recompute", "none", where(regather_for_recompute, calls3, 0) if per_param else 0)
+    gather3("backward", "none" if per_param else "backward", calls3)
+    reduce3(calls3)
+    if per_param:
+        gather3("forward", "none", vector_calls3, vector=True)
+        gather3("recompute", "none", where(regather_for_recompute, vector_calls3, 0), vector=True)
+        gather3("backward", "none", vector_calls3, vector=True)
+        reduce3(vector_calls3, vector=True)
+    return tuple(out)
 
 
 def data_parallel_collectives(
@@ -1003,23 +1010,27 @@ def tensor_parallel_traffic(
         on: Bool = recompute_full if phase == "recompute" else True
         closing = per_pass - (recompute_skipped_reductions * micro_batches if phase == "recompute" else 0)
 
-        def tp(name: str, kind: CollectiveKind, calls: Num, src: str = _TP_SRC, ph: Phase = ph) -> Traffic:
-            return Traffic(
-                name=f"tp_{name}",
-                kind=kind,
-                group="tp",
-                overlap=overlap,
-                source=src,
-                buffer_bytes=activation_bytes,
-                calls=calls,
-                phase=ph,
+        def tp(name: str, kind: CollectiveKind, calls: Num, src: str = _TP_SRC, ph: Phase = ph) -> None:
+            if _never(calls):
+                return
+            out.append(
+                Traffic(
+                    name=f"tp_{name}",
+                    kind=kind,
+                    group="tp",
+                    overlap=overlap,
+                    source=src,
+                    buffer_bytes=activation_bytes,
+                    calls=calls,
+                    phase=ph,
+                )
             )
 
-        out.append(tp(f"{phase}_all_gather", "all_gather", where(on & sp, per_pass, 0)))
-        out.append(tp(f"{phase}_reduce_scatter", "reduce_scatter", where(on & sp, closing, 0)))
+        tp(f"{phase}_all_gather", "all_gather", where(on & sp, per_pass, 0))
+        tp(f"{phase}_reduce_scatter", "reduce_scatter", where(on & sp, closing, 0))
         if phase == "backward":
-            out.append(tp("backward_input_regather", "all_gather", where(sp, per_pass, 0), _TP_REGATHER_SRC))
-        out.append(tp(f"{phase}_all_reduce", "all_reduce", where(on & logical_not(sp), closing, 0)))
+            tp("backward_input_regather", "all_gather", where(sp, per_pass, 0), _TP_REGATHER_SRC)
+        tp(f"{phase}_all_reduce", "all_reduce", where(on & logical_not(sp), closing, 0))
     return tuple(out)
 
 
@@ -1392,6 +1403,12 @@ def step_traffic(
             recompute_repeats_ring=x.recompute_repeats_ring,
         )
     return tuple(out)
+
+
+def _never(calls: Num) -> bool:
+    """True only for a scalar call count of 0: a collective one layout does not issue is not
+    declared (an array may issue it on some candidates: declared)."""
+    return (calls.__class__ is int or calls.__class__ is float) and calls == 0
 
 
 def _may_span(group_size: Int) -> bool:

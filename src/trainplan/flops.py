@@ -696,6 +696,10 @@ class PassCost:
         )
 
 
+_NO_PASS: Final = PassCost()
+"""The empty sum of passes (a stage without layers)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Split:
     """Per-device divisors of the layer terms (1 = replicated)."""
@@ -850,15 +854,16 @@ def _sum_layers(
     key = tuple(sorted((kind, n) for kind, (_, _, n) in counts.items()))
     if key in cache:
         return cache[key]
-    forward = backward = recompute = PassCost()
+    forward = backward = recompute = _NO_PASS
     model = dequant = 0.0
     for kind, (first, pos, n) in counts.items():
         if kind not in cache:
             cache[kind] = _layer_passes(spec, first, block_recipe(recipe, pos), b, causal, split)
         lp = cache[kind]
-        forward += lp.forward.scaled(n)
-        backward += lp.backward.scaled(n)
-        recompute += lp.recompute.scaled(n)
+        # the first kind starts the sums (0 + x is x: the sums are non-negative)
+        forward = lp.forward.scaled(n) if forward is _NO_PASS else forward + lp.forward.scaled(n)
+        backward = lp.backward.scaled(n) if backward is _NO_PASS else backward + lp.backward.scaled(n)
+        recompute = lp.recompute.scaled(n) if recompute is _NO_PASS else recompute + lp.recompute.scaled(n)
         model += lp.model_flops * n
         dequant += lp.dequant_bytes * n
     total = _LayerPasses(
@@ -1072,10 +1077,13 @@ class StageFlops:
 
 
 @functools.lru_cache(maxsize=1024)
-def _distinct_dense_stages(stages: tuple[tuple[int, ...], ...], peft: bool) -> tuple[int, ...]:
+def _distinct_dense_stages(
+    num_layers: int, pp: int, virtual_stages: int, split_embedding: bool, split_head: bool, peft: bool
+) -> tuple[int, ...]:
     """The first, the last, and the first middle stage of each (length, holds layer 0 under PEFT)
-    signature: the stages of a dense model that do different work, in order."""
-    pp = len(stages)
+    signature among the stages of :func:`stage_layers`: the stages of a dense model that do
+    different work, in order (keyed by the split's integers, which hash in constant time)."""
+    stages = stage_layers(num_layers, pp, virtual_stages, split_embedding, split_head)
     seen: set[tuple[int, bool]] = set()
     out = []
     for r, layers in enumerate(stages):
@@ -1152,7 +1160,16 @@ def device_flops(
     cache: dict[object, _LayerPasses] = {} if layer_cache is None else layer_cache
     stages = layout.stage_layers(spec.num_layers)
     keep = (
-        _distinct_dense_stages(stages, recipe.is_peft) if distinct and spec.moe is None else range(layout.pp)
+        _distinct_dense_stages(
+            spec.num_layers,
+            layout.pp,
+            layout.virtual_stages,
+            layout.pp_split_embedding,
+            layout.pp_split_head,
+            recipe.is_peft,
+        )
+        if distinct and spec.moe is None
+        else range(layout.pp)
     )
     for r in keep:
         layers = stages[r]
