@@ -1452,35 +1452,39 @@ def stage_activations(
     num_microbatches: int,
     *,
     block_backward: bool = True,
+    blocks: dict[tuple[int, bool], tuple[Recipe, LayerActivations]] | None = None,
 ) -> StageActivations:
     """Saved activations (Korthikanti et al. 2022 Table 2, generalised: :func:`layer_activations`)
     of the stage's layers times the in-flight micro-batches (:func:`inflight_microbatches`), the
     first stage's inputs, and the transients that compete for the peak.
 
     ``block_backward=False`` leaves the ZeRO-3 block-backward bytes 0 (a layout without ZeRO-3,
-    whose moments do not read them: :func:`stage_memory_fields`)."""
+    whose moments do not read them: :func:`stage_memory_fields`). ``blocks``: one layer's saved
+    set per (block recipe, layer kind), shared by the stages of one ``recipe`` and ``layout``
+    (a layer of one kind saves the same on every stage)."""
     layers = stage_layers(model, layout, stage)
     inflight = inflight_microbatches(layout, stage, num_microbatches)
     act_terms: dict[str, float] = {}
     largest_layer_full = 0.0
     fixed = 0.0  # bytes that do not grow with the in-flight micro-batches
     kinds = block_kinds(model, recipe, layers)
-    # One layer's saved set per (block recipe, layer kind): a stage's blocks of one kind are equal.
-    per_block: dict[tuple[int, bool], LayerActivations] = {}
+    # A stage's blocks of one kind are equal: each (block recipe, kind) is computed once; the
+    # recipe is kept beside its result so that its id names it while the table lives.
+    per_block = {} if blocks is None else blocks
 
     def block(rb: Recipe, i: int) -> LayerActivations:
         key = (id(rb), model.is_moe_layer(i))
-        la = per_block.get(key)
-        if la is None:
-            la = per_block[key] = layer_activations(model, rb, layout, i)
-        return la
+        got = per_block.get(key)
+        if got is None:
+            got = per_block[key] = (rb, layer_activations(model, rb, layout, i))
+        return got[1]
 
     for i, n_layers, rb in kinds:
         la = block(rb, i)
         for k, v in la.terms.items():
             act_terms[k] = act_terms.get(k, 0.0) + v * inflight * n_layers
         if rb.recompute == "full":
-            full = layer_activations(model, _without_recompute(rb), layout, i)
+            full = block(_without_recompute(rb), i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)
         elif rb.recompute == "sac":
             largest_layer_full = max(largest_layer_full, sac_recompute_transient_bytes(model, rb, layout, i))
@@ -1564,10 +1568,13 @@ def _stage_breakdown(
     num_microbatches: int,
     host: tuple[float | None, int],
     memory_margin: float = DEFAULT_MEMORY_MARGIN,
+    blocks: dict[tuple[int, bool], tuple[Recipe, LayerActivations]] | None = None,
 ) -> MemoryBreakdown:
     dev = device_params(model, layout, stage, recipe.lora)
     st = _model_states(model, recipe, layout, dev)
-    acts = stage_activations(model, recipe, layout, stage, num_microbatches, block_backward=layout.zero == 3)
+    acts = stage_activations(
+        model, recipe, layout, stage, num_microbatches, block_backward=layout.zero == 3, blocks=blocks
+    )
     fields = stage_memory_fields(
         vars(st),
         activations=acts.total_bytes,
@@ -1649,8 +1656,10 @@ def memory_breakdown(
     stages = candidate_stages(model, layout)
     host = (host_capacity_bytes_per_node, devices_on_node)
     check_memory_margin(memory_margin)
+    blocks: dict[tuple[int, bool], tuple[Recipe, LayerActivations]] = {}  # shared by the stages
     results = [
-        _stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb, host, memory_margin) for st in stages
+        _stage_breakdown(model, recipe, layout, st, capacity_bytes, nmb, host, memory_margin, blocks)
+        for st in stages
     ]
     return max(results, key=lambda m: m.per_device_bytes)
 

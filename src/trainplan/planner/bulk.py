@@ -938,11 +938,12 @@ class BulkEvaluator:
                 input_grad_bytes(model, recipe, layout, 0),
                 input_grad_bytes(model, recipe, layout, core.pp - 1),
             )
+            blocks: dict[tuple[int, bool], Any] = {}  # a layer's saved set, shared by both stages
             for k, stage in enumerate((0, core.pp - 1)):
                 okey = (row[0], row[1], row[2], row[4], *rkey, stage)
                 one = ones.get(okey)
                 if one is None:
-                    one = ones[okey] = stage_activations(model, recipe, layout, stage, 1)
+                    one = ones[okey] = stage_activations(model, recipe, layout, stage, 1, blocks=blocks)
                 hd = held_microbatches(layout, stage)
                 # saved bytes are affine in the in-flight count: one micro-batch plus the slope
                 slope = one.per_microbatch_bytes if hd > 1.0 else 0.0
