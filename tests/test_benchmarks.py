@@ -31,3 +31,9 @@ def test_estimate_benchmarks_run() -> None:
     assert "trainplan" in out and " ms" in out
     out = _run("bench_cli.py", "--repeat", "2")
     assert "vs baseline" in out
+
+
+def test_ab_benchmark_runs() -> None:
+    src = BENCH.parent / "src"
+    out = _run("bench_ab.py", "--baseline", str(src), "--rounds", "1", "--repeat", "1")
+    assert "estimate_wall_s" in out and "plan_wall_s" in out and "ratio" in out
