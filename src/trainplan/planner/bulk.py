@@ -108,7 +108,7 @@ from trainplan.memory import (
 )
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
-from trainplan.num import Bool
+from trainplan.num import Bool, Num
 from trainplan.predict import trainable_params
 from trainplan.recipe import (
     RECOMPUTES,
@@ -978,9 +978,12 @@ class BulkEvaluator:
         flat = s_tab.reshape(-1, 2, 2 * nf + 2)
         self._states_bad = np.isnan(flat[:, 0, 0])[cz]
         flat = np.where(np.isnan(flat), 0.0, flat)
-        # [stage (first, last), field, core·4 + zero]: A and B of field = A + B/dp
+        # [stage (first, last), field, core·4 + zero]: A and B of field = A + B/dp; per (stage,
+        # field) whether B is 0 everywhere (no dp term) and whether A is too (the field is 0)
         self._sA = np.ascontiguousarray(flat[cz][:, :, 0 : 2 * nf : 2].transpose(1, 2, 0))
         self._sB = np.ascontiguousarray(flat[cz][:, :, 1 : 2 * nf : 2].transpose(1, 2, 0))
+        self._s_has_b = cast(list[list[bool]], self._sB.any(axis=2).tolist())
+        self._s_has_a = cast(list[list[bool]], self._sA.any(axis=2).tolist())
         self._s_trainable = flat[cz, :, 2 * nf]
         self._s_params = flat[cz, :, 2 * nf + 1]
         # the same core one offload step lower (optimizer -> none, optimizer+params -> optimizer)
@@ -1426,8 +1429,12 @@ class BulkEvaluator:
         cz = core * 4 + zero
         invalid[self._states_bad[cz] & (invalid == 0)] = INVALID_STATES
 
-        # every state field of both stages at once: A + B/dp (see _state_tables)
-        states = np.take(self._sA, cz, axis=2) + np.take(self._sB, cz, axis=2) / dp
+        def state(k: int, j: int) -> Num:
+            """State field j of stage k: A + B/dp (see _state_tables); 0 where the table is."""
+            has_a, has_b = self._s_has_a[k][j], self._s_has_b[k][j]
+            if not has_b:
+                return np.take(self._sA[k, j], cz) if has_a else 0.0
+            return np.take(self._sA[k, j], cz) + np.take(self._sB[k, j], cz) / dp
 
         capacity = np.full(n, np.inf)  # the peak does not depend on the capacity
         grads_live = grads_live_at_backward_start(m, self.base.optimizer_in_backward)
@@ -1440,7 +1447,7 @@ class BulkEvaluator:
             # memory.stage_memory_fields composes the stage (its transient: the loss backward,
             # the recomputed layer or the step inside the backward; the FSDP2 moments are phases)
             values = stage_memory_fields(
-                dict(zip(_STATE_FIELDS, states[k], strict=True)),
+                {name: state(k, j) for j, name in enumerate(_STATE_FIELDS)},
                 activations=act,
                 logits_saved=self._logits[core, k],
                 logits_transient=self._loss_transient[core, k],
