@@ -254,9 +254,9 @@ def _llama3_ffn_args(dim: int, ffn_hidden: int) -> tuple[int, float | None]:
     return ffn_hidden, multiplier
 
 
-def _cannot_build(model: ModelSpec, what: str) -> TrainplanError:
+def _cannot_build(model: ModelSpec, what: str, target: str = TARGET) -> TrainplanError:
     return unsupported(
-        TARGET,
+        target,
         "model",
         f"{model.name}: {what} (its llama3 and qwen3 models are pre-norm RMSNorm, SwiGLU, RoPE "
         "decoders without biases)",
@@ -264,35 +264,42 @@ def _cannot_build(model: ModelSpec, what: str) -> TrainplanError:
     )
 
 
-def custom_model(model: ModelSpec, recipe: Recipe, layout: Layout) -> CustomModel:
-    """The train spec that builds ``model`` exactly, or an error naming what torchtitan 0.2.2's
-    models cannot build. Parameter for parameter the same model as :func:`trainplan.models.params.count_params`
-    counts (tests/test_export.py builds it on the meta device and compares)."""
+def check_architecture(model: ModelSpec, recipe: Recipe, target: str = TARGET) -> None:
+    """Refuse, naming the difference, a model that torchtitan's llama3 / qwen3 blocks cannot
+    build: both releases (0.2.2 and 0.3.0) share these blocks (pre-norm RMSNorm, SwiGLU, RoPE,
+    no biases, per-head q/k norms, full causal attention)."""
     if model.activation != "swiglu":
-        raise _cannot_build(model, f"a {model.activation} MLP")
+        raise _cannot_build(model, f"a {model.activation} MLP", target)
     if model.norm != "rmsnorm":
-        raise _cannot_build(model, f"{model.norm} normalisation")
+        raise _cannot_build(model, f"{model.norm} normalisation", target)
     if model.position != "rope":
-        raise _cannot_build(model, f"{model.position} position embeddings")
+        raise _cannot_build(model, f"{model.position} position embeddings", target)
     if model.qkv_bias or model.attn_out_bias or model.mlp_bias:
-        raise _cannot_build(model, "biases on its linear layers")
+        raise _cannot_build(model, "biases on its linear layers", target)
     if model.post_norms or model.parallel_attn_mlp:
-        raise _cannot_build(model, "post-norms or parallel attention/MLP blocks")
+        raise _cannot_build(model, "post-norms or parallel attention/MLP blocks", target)
     if model.qk_norm_full_width:
-        raise _cannot_build(model, "q/k norms over all heads (its q/k norms are per head)")
+        raise _cannot_build(model, "q/k norms over all heads (its q/k norms are per head)", target)
     for note in model.approximations:
         # models/hf.py writes a sliding window this way; at or below the window it is causal attention
         window = _WINDOW.search(note)
         if window is None:
-            raise _cannot_build(model, f"an architecture trainplan approximates ({note})")
+            raise _cannot_build(model, f"an architecture trainplan approximates ({note})", target)
         if recipe.seq_len > int(window.group(1)):
             raise unsupported(
-                TARGET,
+                target,
                 "seq_len",
                 f"{model.name}'s sliding-window ({window.group(1)}) attention at seq_len {recipe.seq_len} "
                 "(its attention is full causal, the same only up to the window)",
                 f"plan with --seq-len {window.group(1)} or less, or export to megatron, deepspeed or accelerate",
             )
+
+
+def custom_model(model: ModelSpec, recipe: Recipe, layout: Layout) -> CustomModel:
+    """The train spec that builds ``model`` exactly, or an error naming what torchtitan 0.2.2's
+    models cannot build. Parameter for parameter the same model as :func:`trainplan.models.params.count_params`
+    counts (tests/test_export.py builds it on the meta device and compares)."""
+    check_architecture(model, recipe)
     moe = model.moe
     if moe is not None and (
         moe.num_shared_experts or moe.first_dense_layers or moe.layer_freq != 1 or moe.router_bias
@@ -436,6 +443,128 @@ def _layers_per_stage(num_layers: int, stages: int) -> tuple[int, int] | None:
     return None
 
 
+def data_parallel(layout: Layout, target: str = TARGET) -> tuple[int, int, tuple[str, ...]]:
+    """``(data_parallel_replicate_degree, data_parallel_shard_degree, warnings)``: FSDP2 shards over
+    dp_shard·cp, DDP replicates over dp_replicate (``torchtitan/distributed/parallel_dims.py``, the
+    same fields in 0.2.2 and 0.3.0); ZeRO-1 has no FSDP2 form."""
+    warnings: list[str] = []
+    if layout.zero == 1:
+        raise unsupported(
+            target,
+            "zero",
+            "ZeRO-1 (FSDP2 shards gradients with the optimizer states)",
+            "plan with --zero 2 (fsdp_reshard_after_forward = never) or --zero 3",
+        )
+    if layout.zero == 0:
+        replicate, shard = layout.dp, 1
+        if layout.cp > 1:
+            warnings.append(
+                f"torchtitan applies FSDP over the context-parallel group (cp={layout.cp}) even without "
+                "ZeRO, so model states are sharded cp ways where the plan replicates them"
+            )
+    else:
+        replicate, shard = 1, layout.dp
+    return replicate, shard, tuple(warnings)
+
+
+def pipeline(
+    model: ModelSpec, recipe: Recipe, layout: Layout, facts: PlanFacts, target: str = TARGET
+) -> tuple[int, dict[str, object]]:
+    """``(training.local_batch_size, parallelism fields)``: without PP the micro-batches are
+    gradient-accumulation steps; with PP they are the pipeline's micro-batches inside one local batch
+    (the same ``ParallelismConfig`` fields in 0.2.2 and 0.3.0, ``pipeline_llm`` in both)."""
+    training: dict[str, object] = {}
+    parallelism: dict[str, object] = {}
+    if layout.pp > 1:
+        if layout.pp_schedule == "zb":
+            raise unsupported(
+                target,
+                "pp_schedule",
+                "a zero-bubble schedule with one stage per rank (torch's zero-bubble schedules, "
+                "InterleavedZeroBubble and ZBVZeroBubble, need 2 or more stages per rank)",
+                "plan with --pp-schedule interleaved --virtual-stages 2, or 1f1b",
+            )
+        training["local_batch_size"] = recipe.micro_batch * facts.micro_batches
+        parallelism["pipeline_parallel_schedule"] = _SCHEDULES[layout.pp_schedule]
+        parallelism["pipeline_parallel_microbatch_size"] = recipe.micro_batch
+        if layout.pp_schedule == "interleaved" and layout.virtual_stages != 2:
+            lps = _layers_per_stage(model.num_layers, layout.pp * layout.virtual_stages)
+            if lps is None:
+                raise unsupported(
+                    target,
+                    "virtual_stages",
+                    f"{layout.pp}·{layout.virtual_stages} stages of {model.num_layers} layers "
+                    "(no pipeline_parallel_layers_per_stage gives that many)",
+                    "choose another --virtual-stages",
+                )
+            if (layout.pp_split_embedding or layout.pp_split_head) and (
+                int(layout.pp_split_embedding),
+                int(layout.pp_split_head),
+            ) != (lps[1], lps[1]):
+                raise unsupported(
+                    target,
+                    "pp_split_embedding",
+                    f"{layout.pp}·{layout.virtual_stages} stages of {model.num_layers} layers with the "
+                    "embedding / head in the split as given (pipeline_parallel_layers_per_stage fixes "
+                    "the first and last stage's weights together)",
+                    "give both --pp-split-embedding and --pp-split-head, or neither",
+                )
+            parallelism["pipeline_parallel_layers_per_stage"] = lps[0]
+            if lps[1] != 1:
+                parallelism["pipeline_parallel_first_stage_less_layers"] = lps[1]
+                parallelism["pipeline_parallel_last_stage_less_layers"] = lps[1]
+        elif layout.pp_split_embedding or layout.pp_split_head:
+            # torchtitan's pipeline_llm counts the embedding and the output as input_weight /
+            # output_weight layers of the split (distributed/pipeline_parallel.py
+            # generate_llm_fqn_per_model_part), the rule of layout.stage_layers
+            parallelism["pipeline_parallel_first_stage_less_layers"] = int(layout.pp_split_embedding)
+            parallelism["pipeline_parallel_last_stage_less_layers"] = int(layout.pp_split_head)
+    else:
+        training["local_batch_size"] = recipe.micro_batch
+    return int(str(training["local_batch_size"])), parallelism
+
+
+def precision(recipe: Recipe, layout: Layout, target: str = TARGET) -> dict[str, object]:
+    """The ``training`` fields of the plan's precision and offload: ``mixed_precision_param``,
+    ``dtype`` (bfloat16 = pure 16-bit, no fp32 master copy) and FSDP2 ``enable_cpu_offload``
+    (the same ``TrainingConfig`` fields in 0.2.2 and 0.3.0)."""
+    training: dict[str, object] = {}
+    if recipe.precision == "fp16":
+        raise unsupported(
+            target, "precision", "fp16 (training dtypes are bfloat16 and float32)", "plan with bf16"
+        )
+    if recipe.precision == "fp32":
+        training["mixed_precision_param"] = "float32"
+    else:
+        training["mixed_precision_param"] = "bfloat16"
+    if not recipe.master_weights:
+        if recipe.precision != "bf16":
+            raise unsupported(
+                target,
+                "master_weights",
+                f"pure 16-bit training with precision {recipe.precision}",
+                "plan pure 16-bit training with --precision bf16",
+            )
+        training["dtype"] = "bfloat16"
+    else:
+        training["dtype"] = "float32"
+
+    if recipe.offload == "optimizer+params":
+        if layout.zero != 3:
+            raise unsupported(target, "offload", "CPU offload without FSDP sharding", "plan with --zero 3")
+        training["enable_cpu_offload"] = True
+    elif recipe.offload == "optimizer":
+        raise unsupported(
+            target,
+            "offload",
+            "offloading only the optimizer (FSDP2 CPU offload moves parameters, gradients and "
+            "optimizer states together)",
+            "plan with --offload optimizer+params or none",
+        )
+
+    return training
+
+
 def build_config(
     system: System, model: ModelSpec, recipe: Recipe, layout: Layout
 ) -> tuple[Config, PlanFacts, tuple[str, ...]]:
@@ -479,23 +608,8 @@ def build_config(
             "plan with --optimizer adamw",
         )
 
-    # -- data parallelism: FSDP2 shards over dp_shard·cp; DDP replicates over dp_replicate.
-    if layout.zero == 1:
-        raise unsupported(
-            TARGET,
-            "zero",
-            "ZeRO-1 (FSDP2 shards gradients with the optimizer states)",
-            "plan with --zero 2 (fsdp_reshard_after_forward = never) or --zero 3",
-        )
-    if layout.zero == 0:
-        replicate, shard = layout.dp, 1
-        if layout.cp > 1:
-            warnings.append(
-                f"torchtitan applies FSDP over the context-parallel group (cp={layout.cp}) even without "
-                "ZeRO, so model states are sharded cp ways where the plan replicates them"
-            )
-    else:
-        replicate, shard = 1, layout.dp
+    replicate, shard, dp_warnings = data_parallel(layout)
+    warnings.extend(dp_warnings)
     parallelism: dict[str, object] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
@@ -530,86 +644,11 @@ def build_config(
     steps = train_steps(recipe, facts.global_batch)
     if steps is not None:
         training["steps"] = steps  # also the length of its learning-rate schedule (lr_scheduler.py)
-    if layout.pp > 1:
-        if layout.pp_schedule == "zb":
-            raise unsupported(
-                TARGET,
-                "pp_schedule",
-                "a zero-bubble schedule with one stage per rank (torch's zero-bubble schedules, "
-                "InterleavedZeroBubble and ZBVZeroBubble, need 2 or more stages per rank)",
-                "plan with --pp-schedule interleaved --virtual-stages 2, or 1f1b",
-            )
-        training["local_batch_size"] = recipe.micro_batch * facts.micro_batches
-        parallelism["pipeline_parallel_schedule"] = _SCHEDULES[layout.pp_schedule]
-        parallelism["pipeline_parallel_microbatch_size"] = recipe.micro_batch
-        if layout.pp_schedule == "interleaved" and layout.virtual_stages != 2:
-            lps = _layers_per_stage(model.num_layers, layout.pp * layout.virtual_stages)
-            if lps is None:
-                raise unsupported(
-                    TARGET,
-                    "virtual_stages",
-                    f"{layout.pp}·{layout.virtual_stages} stages of {model.num_layers} layers "
-                    "(no pipeline_parallel_layers_per_stage gives that many)",
-                    "choose another --virtual-stages",
-                )
-            if (layout.pp_split_embedding or layout.pp_split_head) and (
-                int(layout.pp_split_embedding),
-                int(layout.pp_split_head),
-            ) != (lps[1], lps[1]):
-                raise unsupported(
-                    TARGET,
-                    "pp_split_embedding",
-                    f"{layout.pp}·{layout.virtual_stages} stages of {model.num_layers} layers with the "
-                    "embedding / head in the split as given (pipeline_parallel_layers_per_stage fixes "
-                    "the first and last stage's weights together)",
-                    "give both --pp-split-embedding and --pp-split-head, or neither",
-                )
-            parallelism["pipeline_parallel_layers_per_stage"] = lps[0]
-            if lps[1] != 1:
-                parallelism["pipeline_parallel_first_stage_less_layers"] = lps[1]
-                parallelism["pipeline_parallel_last_stage_less_layers"] = lps[1]
-        elif layout.pp_split_embedding or layout.pp_split_head:
-            # torchtitan's pipeline_llm counts the embedding and the output as input_weight /
-            # output_weight layers of the split (distributed/pipeline_parallel.py
-            # generate_llm_fqn_per_model_part), the rule of layout.stage_layers
-            parallelism["pipeline_parallel_first_stage_less_layers"] = int(layout.pp_split_embedding)
-            parallelism["pipeline_parallel_last_stage_less_layers"] = int(layout.pp_split_head)
-    else:
-        training["local_batch_size"] = recipe.micro_batch
+    local_batch, pp_fields = pipeline(model, recipe, layout, facts)
+    training["local_batch_size"] = local_batch
+    parallelism.update(pp_fields)
 
-    # -- precision
-    if recipe.precision == "fp16":
-        raise unsupported(
-            TARGET, "precision", "fp16 (training dtypes are bfloat16 and float32)", "plan with bf16"
-        )
-    if recipe.precision == "fp32":
-        training["mixed_precision_param"] = "float32"
-    else:
-        training["mixed_precision_param"] = "bfloat16"
-    if not recipe.master_weights:
-        if recipe.precision != "bf16":
-            raise unsupported(
-                TARGET,
-                "master_weights",
-                f"pure 16-bit training with precision {recipe.precision}",
-                "plan pure 16-bit training with --precision bf16",
-            )
-        training["dtype"] = "bfloat16"
-    else:
-        training["dtype"] = "float32"
-
-    if recipe.offload == "optimizer+params":
-        if layout.zero != 3:
-            raise unsupported(TARGET, "offload", "CPU offload without FSDP sharding", "plan with --zero 3")
-        training["enable_cpu_offload"] = True
-    elif recipe.offload == "optimizer":
-        raise unsupported(
-            TARGET,
-            "offload",
-            "offloading only the optimizer (FSDP2 CPU offload moves parameters, gradients and "
-            "optimizer states together)",
-            "plan with --offload optimizer+params or none",
-        )
+    training.update(precision(recipe, layout))
 
     if flavor is not None:
         model_table: dict[str, object] = {"name": flavor.module, "flavor": flavor.flavor}
