@@ -606,16 +606,20 @@ def test_torchtitan_builds_models_outside_its_flavor_tables(
         registry._extra_train_specs.pop(module, None)
 
 
-def test_torchtitan_lora_is_refused_naming_the_release_and_the_targets_that_run_it() -> None:
-    """torchtitan 0.2.2 has no adapters (LoRA came with 0.3.0's Python config registries): the
-    refusal says so and names only targets that write the plan."""
+def test_torchtitan_writes_lora_as_its_0_3_config_and_refuses_qlora_naming_the_targets_that_run_it() -> None:
+    """torchtitan 0.2.2 has no adapters; LoRA came with 0.3.0's Python config modules, which the
+    target writes for a LoRA plan. QLoRA (no NF4 base in torchtitan) is refused naming only targets
+    that write the plan."""
     from trainplan.export.saved import export_or_explain, targets_for
 
-    plan = _plan("llama-2-7b", 8, {"method": "lora"}, zero=3)
+    lora = _plan("llama-2-7b", 8, {"method": "lora"}, zero=3)
+    assert "torchtitan" in targets_for(*lora)
+    assert export_plan("torchtitan", *lora).text.startswith("# torchtitan 0.3.0 config")
+    qlora = _plan("llama-2-7b", 8, {"method": "qlora"}, zero=3)
     with pytest.raises(TrainplanError) as info:
-        export_or_explain("torchtitan", *plan)
+        export_or_explain("torchtitan", *qlora)
     assert info.value.field == "method" and "0.3.0" in info.value.message
-    can = targets_for(*plan)
+    can = targets_for(*qlora)
     assert can and "torchtitan" not in can
     assert info.value.message.endswith("targets that can export this plan: " + ", ".join(can))
 

@@ -8,7 +8,7 @@ warnings. Targets and pinned schemas:
 ========== ============================================ =================================
 target     what is written                              schema
 ========== ============================================ =================================
-torchtitan job config TOML                              torchtitan 0.2.2
+torchtitan TOML job config; LoRA: Python config module  torchtitan 0.2.2; LoRA 0.3.0
 deepspeed  ``ds_config.json``                           DeepSpeed 0.19.8
 accelerate ``accelerate launch --config_file`` YAML     Accelerate 1.15.0
 torchrun   shell command: torchrun + torchtitan flags   torch 2.13, torchtitan 0.2.2
@@ -136,7 +136,11 @@ def export_plan(
         )
     files: tuple[tuple[str, str], ...] = ()
     if target == "torchtitan":
-        from trainplan.export.torchtitan import companion_files
+        from trainplan.export.torchtitan import companion_files, writes_0_3
 
         files = companion_files(system, model, recipe, layout)
+        if writes_0_3(recipe):
+            from trainplan.export.torchtitan03 import MODULE
+
+            filename = f"{MODULE}.py"
     return ExportResult(target=target, text=text, filename=filename, warnings=warnings, files=files)

@@ -254,44 +254,48 @@ def _llama3_ffn_args(dim: int, ffn_hidden: int) -> tuple[int, float | None]:
     return ffn_hidden, multiplier
 
 
-def _cannot_build(model: ModelSpec, what: str, target: str = TARGET) -> TrainplanError:
+_OTHERS: Final = "megatron, deepspeed or accelerate"
+
+
+def _cannot_build(model: ModelSpec, what: str, target: str = TARGET, others: str = _OTHERS) -> TrainplanError:
     return unsupported(
         target,
         "model",
         f"{model.name}: {what} (its llama3 and qwen3 models are pre-norm RMSNorm, SwiGLU, RoPE "
         "decoders without biases)",
-        "export to megatron, deepspeed or accelerate",
+        f"export to {others}",
     )
 
 
-def check_architecture(model: ModelSpec, recipe: Recipe, target: str = TARGET) -> None:
+def check_architecture(model: ModelSpec, recipe: Recipe, target: str = TARGET, others: str = _OTHERS) -> None:
     """Refuse, naming the difference, a model that torchtitan's llama3 / qwen3 blocks cannot
     build: both releases (0.2.2 and 0.3.0) share these blocks (pre-norm RMSNorm, SwiGLU, RoPE,
-    no biases, per-head q/k norms, full causal attention)."""
+    no biases, per-head q/k norms, full causal attention). ``others``: the targets the refusal
+    names, those that run the plan's method."""
     if model.activation != "swiglu":
-        raise _cannot_build(model, f"a {model.activation} MLP", target)
+        raise _cannot_build(model, f"a {model.activation} MLP", target, others)
     if model.norm != "rmsnorm":
-        raise _cannot_build(model, f"{model.norm} normalisation", target)
+        raise _cannot_build(model, f"{model.norm} normalisation", target, others)
     if model.position != "rope":
-        raise _cannot_build(model, f"{model.position} position embeddings", target)
+        raise _cannot_build(model, f"{model.position} position embeddings", target, others)
     if model.qkv_bias or model.attn_out_bias or model.mlp_bias:
-        raise _cannot_build(model, "biases on its linear layers", target)
+        raise _cannot_build(model, "biases on its linear layers", target, others)
     if model.post_norms or model.parallel_attn_mlp:
-        raise _cannot_build(model, "post-norms or parallel attention/MLP blocks", target)
+        raise _cannot_build(model, "post-norms or parallel attention/MLP blocks", target, others)
     if model.qk_norm_full_width:
-        raise _cannot_build(model, "q/k norms over all heads (its q/k norms are per head)", target)
+        raise _cannot_build(model, "q/k norms over all heads (its q/k norms are per head)", target, others)
     for note in model.approximations:
         # models/hf.py writes a sliding window this way; at or below the window it is causal attention
         window = _WINDOW.search(note)
         if window is None:
-            raise _cannot_build(model, f"an architecture trainplan approximates ({note})", target)
+            raise _cannot_build(model, f"an architecture trainplan approximates ({note})", target, others)
         if recipe.seq_len > int(window.group(1)):
             raise unsupported(
                 target,
                 "seq_len",
                 f"{model.name}'s sliding-window ({window.group(1)}) attention at seq_len {recipe.seq_len} "
                 "(its attention is full causal, the same only up to the window)",
-                f"plan with --seq-len {window.group(1)} or less, or export to megatron, deepspeed or accelerate",
+                f"plan with --seq-len {window.group(1)} or less, or export to {others}",
             )
 
 
@@ -376,8 +380,9 @@ def companion_files(
     system: System, model: ModelSpec, recipe: Recipe, layout: Layout
 ) -> tuple[tuple[str, str], ...]:
     """``(file name, text)`` of the files the job config needs beside it: the model module of a
-    model outside torchtitan's flavor tables, else none."""
-    if find_flavor(model) is not None:
+    model outside torchtitan's flavor tables, else none (the 0.3.0 config module builds its model
+    itself)."""
+    if writes_0_3(recipe) or find_flavor(model) is not None:
         return ()
     custom = custom_model(model, recipe, layout)
     return ((f"{custom.module}.py", custom_module_source(model, custom)),)
@@ -581,8 +586,10 @@ def build_config(
             f"method {recipe.method!r} (the {VERSION} trainer updates all weights of one model with a "
             "next-token loss: no LoRA/QLoRA adapters, no preference or RL objectives; LoRA came in "
             "torchtitan 0.3.0, torchtitan/components/lora.py LoRAConverter, configured by Python "
-            "config registries instead of the TOML job config this target writes)",
-            "export to deepspeed or accelerate and apply PEFT/TRL in the training script",
+            "config modules instead of the TOML job config: the torchtitan target writes that form "
+            "for LoRA plans)",
+            "export a LoRA plan to torchtitan (its 0.3.0 config), or export to deepspeed or accelerate "
+            "and apply PEFT in the training script",
         )
     if recipe.attention != "flash":
         raise unsupported(
@@ -730,7 +737,18 @@ def _nest(config: Config) -> Config:
     return out
 
 
+def writes_0_3(recipe: Recipe) -> bool:
+    """Whether the ``torchtitan`` target writes this plan as the torchtitan 0.3.0 config module
+    (:mod:`trainplan.export.torchtitan03`): adapter plans, which only 0.3.0 trains (QLoRA is
+    refused there, naming the targets that run it)."""
+    return recipe.method in ("lora", "qlora")
+
+
 def render(system: System, model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[str, tuple[str, ...]]:
+    if writes_0_3(recipe):
+        from trainplan.export import torchtitan03
+
+        return torchtitan03.render(system, model, recipe, layout)
     config, facts, warnings = build_config(system, model, recipe, layout)
     module = config["job"].get("custom_config_module")
     header = (
