@@ -109,3 +109,44 @@ def test_estimate_states_assumed_attention_curves() -> None:
     sysm = System(accelerator=get_accelerator("h100-sxm"), num_devices=8)
     e = estimate(sysm, load_model("llama-3.1-8b"), Recipe(seq_len=8192, global_batch=8), Layout(dp=8))
     assert not any("attention kernel efficiency" in n for n in e.time.notes)
+
+
+def test_triton_kernel_is_fa2_times_the_published_ratio_on_ampere() -> None:
+    ratio = next(r for r in _doc()["ratio"] if r["kernel"] == "triton")
+    # Dao 2023 Sec. 4.1: FlashAttention-2 around 1.3-1.5x the Triton kernel forward, around 2x backward
+    assert 1 / 1.5 <= ratio["forward"] <= 1 / 1.3 and ratio["backward"] == pytest.approx(0.5)
+    for seq in (512, 2048, 16384):
+        fa2 = attention_efficiency("ampere", "pytorch", 128, seq)
+        tri = attention_efficiency("ampere", "pytorch", 128, seq, kernel="triton")
+        assert tri.forward == pytest.approx(fa2.forward * ratio["forward"])
+        assert tri.backward == pytest.approx(fa2.backward * ratio["backward"])
+        assert tri.kernel == "triton" and not tri.assumed
+        assert any("arXiv:2307.08691" in n for n in tri.notes)
+
+
+def test_triton_kernel_without_a_published_ratio_is_charged_as_fa2_and_said_so() -> None:
+    fa2 = attention_efficiency("hopper", "pytorch", 128, 4096)
+    tri = attention_efficiency("hopper", "pytorch", 128, 4096, kernel="triton")
+    assert (tri.forward, tri.backward) == (fa2.forward, fa2.backward)
+    assert tri.assumed and any("no published figure" in n for n in tri.notes)
+
+
+def test_triton_attention_slows_the_a100_step_most_at_long_sequences() -> None:
+    sysm = System(accelerator=get_accelerator("a100-80gb"), num_devices=8)
+    model = load_model("llama-2-7b")
+    share = []
+    for seq in (1024, 16384):
+        base = Recipe(seq_len=seq, global_batch=8, stack="pytorch")
+        tri = Recipe(seq_len=seq, global_batch=8, stack="pytorch", triton_attention=True)
+        t0 = estimate(sysm, model, base, Layout(dp=8, zero=3)).time.step_s
+        t1 = estimate(sysm, model, tri, Layout(dp=8, zero=3)).time.step_s
+        assert t1 > t0
+        share.append(t1 / t0)
+    assert share[1] > share[0]
+
+
+def test_triton_attention_needs_flash_attention() -> None:
+    from trainplan.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="triton_attention"):
+        Recipe(attention="eager", triton_attention=True)

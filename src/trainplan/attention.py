@@ -25,7 +25,15 @@ How a point is read, each step named in :attr:`AttentionEfficiency.notes` when i
    forward's 256 / 128 ratio;
 3. head dim: linear in log₂(d) between 64, 128 and 256; outside, the nearest one is held;
 4. generation: the H100 fraction of peak times the generation's ``scale`` (1.951 on Ampere); a
-   generation without its own published curve is marked ``assumed``.
+   generation without its own published curve is marked ``assumed``;
+5. a kernel published only as a speed ratio to one with curves (the data file's ``[[ratio]]``):
+   that kernel's fraction times the pass's ratio. FlashAttention in Triton (the flash-attention
+   repository's ``flash_attn_triton.py``, which llm-foundry's ``attn_impl: triton`` runs): Dao 2023
+   Sec. 4.1 on the A100, FlashAttention-2 "around 1.3-1.5× faster [...] in the forward pass and
+   around 2× faster in the backward pass", so 1/1.4 and 1/2 of FlashAttention-2. On generations
+   the ratio was not measured on, the kernel is charged at the reference kernel's curve and the
+   estimate says so (the A100 ratio carried to the H100 rows of llm-foundry made them worse:
+   docs/timing.md).
 
 Context parallelism (ring attention, Liu et al. 2023; Transformer Engine's load-balanced causal
 split, ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``): each
@@ -56,6 +64,9 @@ KERNELS: Final = ("fa2", "fa3", "cudnn")
 PASSES: Final = ("forward", "backward")
 HEAD_DIMS: Final = (64, 128, 256)
 _CURVE_KEYS: Final = frozenset({"kernel", "pass", "causal", "head_dim", "tflops", "source"})
+_RATIO_KEYS: Final = frozenset({"kernel", "of", "forward", "backward", "measured_on", "source"})
+RATIO_KERNELS: Final = ("triton",)
+"""Kernels stored as a published speed ratio to a kernel with curves (the data file's ``[[ratio]]``)."""
 _GEN_KEYS: Final = frozenset(
     {"name", "default", "scale", "assumed", "source", "megatron", "pytorch", "deepspeed", "maxtext", "neuron"}
 )
@@ -71,12 +82,21 @@ class _Generation:
 
 
 @dataclass(frozen=True)
+class _Ratio:
+    of: str
+    passes: Mapping[str, float]  # pass -> fraction of the ``of`` kernel's throughput
+    measured_on: tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True)
 class _Table:
     peak_tflops: float
     seq_len: tuple[int, ...]
     curves: Mapping[tuple[str, str, bool, int], tuple[float, ...]]
     sources: Mapping[tuple[str, str, bool, int], str]
     generations: Mapping[str, _Generation]
+    ratios: Mapping[str, _Ratio]
 
 
 @functools.cache
@@ -159,10 +179,42 @@ def _load() -> _Table:
         gens[name] = _Generation(
             name, kernels, float(scale), bool(entry.get("assumed")), str(entry.get("source"))
         )
+    ratios: dict[str, _Ratio] = {}
+    for entry in doc.get("ratio", []):
+        unknown = set(entry) - _RATIO_KEYS
+        if unknown:
+            raise CatalogError(
+                sorted(unknown)[0], f"{where}: unknown [[ratio]] key; allowed: {sorted(_RATIO_KEYS)}"
+            )
+        kernel, of, measured = entry.get("kernel"), entry.get("of"), entry.get("measured_on")
+        passes = {p: entry.get(p) for p in PASSES}
+        if (
+            kernel not in RATIO_KERNELS
+            or of not in KERNELS
+            or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1 for v in passes.values()
+            )
+            or not isinstance(measured, list)
+        ):
+            raise CatalogError(
+                "ratio",
+                f"{where}: [[ratio]] {kernel!r} needs of in {KERNELS}, forward and backward in (0, 1]",
+            )
+        ratios[str(kernel)] = _Ratio(
+            str(of),
+            MappingProxyType({p: float(v) for p, v in passes.items()}),
+            tuple(str(g) for g in measured),
+            str(entry.get("source", "")),
+        )
     if "other" not in gens:
         raise CatalogError("generation", f"{where}: needs the 'other' generation (the stated fallback)")
     return _Table(
-        float(peak), tuple(seq), MappingProxyType(curves), MappingProxyType(sources), MappingProxyType(gens)
+        float(peak),
+        tuple(seq),
+        MappingProxyType(curves),
+        MappingProxyType(sources),
+        MappingProxyType(gens),
+        MappingProxyType(ratios),
     )
 
 
@@ -224,7 +276,23 @@ def kernel_fraction(
     """(fraction of the dense BF16 peak, notes) of one attention kernel pass.
 
     Steps 1–4 of the module docstring; the notes name every derivation and extrapolation used.
+    A kernel of :data:`RATIO_KERNELS` is the kernel it is published against times the published
+    ratio of the pass (step 5 of the module docstring).
     """
+    ratio = _load().ratios.get(kernel)
+    if ratio is not None and pass_ in PASSES:
+        base, base_notes = kernel_fraction(ratio.of, generation, pass_, causal, head_dim, seq_len)
+        gen_name = (_load().generations.get(generation) or _load().generations["other"]).name
+        if gen_name not in ratio.measured_on:
+            return base, (
+                *base_notes,
+                f"{kernel} attention on {gen_name}: no published figure for this generation, charged at "
+                f"{ratio.of}'s curve (assumed; the ratio is measured on {', '.join(ratio.measured_on)} only)",
+            )
+        note = (
+            f"{kernel} attention: {ratio.passes[pass_]:g} x {ratio.of} in the {pass_} pass ({ratio.source})"
+        )
+        return base * ratio.passes[pass_], (*base_notes, note)
     if kernel not in KERNELS or pass_ not in PASSES:
         raise CatalogError("attention", f"unknown kernel {kernel!r} or pass {pass_!r}")
     if head_dim <= 0 or seq_len <= 0:
@@ -280,13 +348,28 @@ class AttentionEfficiency:
 
 @functools.cache
 def attention_efficiency(
-    generation: str, stack: str, head_dim: int, seq_len: int, cp: int = 1, causal: bool = True
+    generation: str,
+    stack: str,
+    head_dim: int,
+    seq_len: int,
+    cp: int = 1,
+    causal: bool = True,
+    kernel: str | None = None,
 ) -> AttentionEfficiency:
     """η_attn per pass of a stack's fused attention kernel on a generation, for a causal (default)
-    sequence of ``seq_len`` tokens split over ``cp`` ranks (:func:`ring_efficiency`)."""
+    sequence of ``seq_len`` tokens split over ``cp`` ranks (:func:`ring_efficiency`). ``kernel``
+    names the kernel the run selected instead of the stack's (``triton``: :data:`RATIO_KERNELS`)."""
     if cp < 1 or seq_len < cp:
         raise CatalogError("cp", f"cp must be in [1, seq_len], got {cp} for sequence {seq_len}")
-    kernel, gen, assumed = kernel_for(generation, stack)
+    own_kernel, gen, assumed = kernel_for(generation, stack)
+    if kernel is not None:
+        ratio = _load().ratios.get(kernel)
+        if ratio is None and kernel not in KERNELS:
+            raise CatalogError("attention", f"unknown attention kernel {kernel!r}")
+        if ratio is not None:
+            assumed = assumed or gen not in ratio.measured_on
+        own_kernel = kernel
+    kernel = own_kernel
     length = seq_len / cp
     notes: list[str] = []
     etas: list[float] = []
@@ -320,6 +403,7 @@ def curve_sources() -> dict[str, str]:
 
 
 __all__ = [
+    "RATIO_KERNELS",
     "AttentionEfficiency",
     "attention_efficiency",
     "curve_sources",
