@@ -296,6 +296,13 @@ class Recipe:
     beyond the saved 4 (:func:`trainplan.memory.loss_forward_bytes`). transformers 4.50 and
     later pad the labels instead and make no copy (the default, ``False``). One cross-entropy
     over all tokens only (``loss_chunks = 1``)."""
+    triton_attention: bool = False
+    """Flash attention by FlashAttention in Triton (the flash-attention repository's
+    ``flash_attn/flash_attn_triton.py``, the FlashAttention-1 algorithm in Triton, which supports an
+    attention bias; llm-foundry's ``attn_impl: triton`` runs a copy of it,
+    ``llmfoundry/models/layers/flash_attn_triton.py``). Its speed is FlashAttention-2's times the ratio
+    Dao 2023 Sec. 4.1 publishes on the A100 (:mod:`trainplan.attention`, step 5). ``attention="flash"``
+    only."""
     stack: Stack = "megatron"
     """The training software (``STACKS``): its calibrated κ is what the compute terms are divided
     by; each stack's κ is fitted on its own calibration split (``validate/calibrate.py``)."""
@@ -354,6 +361,14 @@ class Recipe:
                 "torch_compile",
                 f"the {self.stack} stack runs its own fused or compiled kernels, so torch.compile changes "
                 "nothing in the model; drop --torch-compile or use --stack pytorch",
+            )
+        if not isinstance(self.triton_attention, bool):
+            raise RecipeError("triton_attention", f"must be true or false, got {self.triton_attention!r}")
+        if self.triton_attention and self.attention != "flash":
+            raise RecipeError(
+                "triton_attention",
+                f"the Triton FlashAttention kernel is a flash kernel; attention {self.attention!r} is not: drop "
+                "--triton-attention or use --attention flash",
             )
         if self.softmax_fp32 and self.attention != "eager":
             raise RecipeError(

@@ -322,7 +322,8 @@ def attention_etas(
 
     Flash attention: the stack's kernel on the device's generation from the published curves
     (:func:`trainplan.attention.attention_efficiency`, at the sequence per rank ``seq_len / cp``,
-    the model's head dim, causal). Eager attention: the batched QKᵀ / PV GEMMs at
+    the model's head dim, causal; ``Recipe.triton_attention``: the Triton kernel's published ratio to
+    FlashAttention-2). Eager attention: the batched QKᵀ / PV GEMMs at
     :data:`EAGER_ATTENTION_EFFICIENCY_FACTOR` of the large-GEMM rate. Both are capped at the
     activation dtype's large-GEMM fraction (a fused kernel is not faster than the GEMMs it is made of).
     """
@@ -333,7 +334,14 @@ def attention_etas(
         return AttentionEfficiency(
             forward=eta, backward=eta, kernel="eager", generation="", assumed=False, notes=()
         )
-    got = attention_efficiency(GENERATION.get(acc.name, ""), recipe.stack, model.head_dim, recipe.seq_len, cp)
+    got = attention_efficiency(
+        GENERATION.get(acc.name, ""),
+        recipe.stack,
+        model.head_dim,
+        recipe.seq_len,
+        cp,
+        kernel="triton" if recipe.triton_attention else None,
+    )
     return dataclasses.replace(got, forward=min(got.forward, cap), backward=min(got.backward, cap))
 
 
