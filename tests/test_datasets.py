@@ -468,7 +468,7 @@ def test_recipe_flags_parse_and_name_bad_entries() -> None:
 def test_recipe_columns_default_where_absent() -> None:
     """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults
     (the NVIDIA, Megatron-LM, llm-foundry, torchtitan and Llama 3 tables state only their runs'
-    communication, gradient-accumulation, checkpoint and pipeline-split switches)."""
+    communication, gradient-accumulation, checkpoint, pipeline-split and attention-kernel switches)."""
     with_recipe = {"torchtune_throughput", "mlperf51_llama2_70b_lora", "maxtext_tpu", "neuron_trn1"}
     for name, rows in TIMING.items():
         if name in with_recipe:  # these state their optimizer, offload and LoRA / precision settings
@@ -485,6 +485,7 @@ def test_recipe_columns_default_where_absent() -> None:
                 pp_split_embedding=f.pp_split_embedding,
                 pp_split_head=f.pp_split_head,
                 torch_compile=f.torch_compile,
+                triton_attention=f.triton_attention,
             )
             assert r.optimizer is None and r.offload is None and f == only_comm, r.name
             if name == "torchtitan_llama3":
@@ -626,3 +627,12 @@ def test_mlperf_lora_rows_recompute_from_their_logs() -> None:
         else:
             assert r.measured_step_s is not None and "train_loss" in r.derivation, r.name
         assert "mlcommons/training_results_v5.1" in r.source
+
+
+def test_llmfoundry_rows_run_the_triton_attention_kernel_they_state() -> None:
+    from trainplan.validate.datasets import load
+
+    rows = load("llmfoundry_mpt")
+    assert rows
+    for row in rows:
+        assert row.recipe_flags.triton_attention == ("attn_impl=triton" in row.notes), row.name

@@ -106,6 +106,7 @@ RECIPE_SWITCHES: Final = (
     "optimizer_in_backward",
     "no_master_weights",
     "torch_compile",
+    "triton_attention",
     "packed",
     "tp_comm_overlap",
     "pp_comm_overlap",
@@ -128,6 +129,8 @@ class RecipeFlags:
         no_master_weights      pure 16-bit training: no FP32 master copy, optimizer states in the
                                weight dtype (torchtune ``dtype: bf16``)
         torch_compile          torch.compile on → ``Recipe.torch_compile`` (fused memory-bound ops)
+        triton_attention       FlashAttention in Triton (llm-foundry ``attn_impl: triton``)
+                               → ``Recipe.triton_attention``
         packed                 samples packed into sequences of exactly ``seq_len`` tokens
         loss_chunks=N          cross-entropy in N sequence chunks (torchtune CEWithChunkedOutputLoss)
         lora_rank=R            LoRA rank
@@ -156,6 +159,7 @@ class RecipeFlags:
     optimizer_in_backward: bool = False
     master_weights: bool = True
     torch_compile: bool = False
+    triton_attention: bool = False
     packed: bool = False
     tp_comm_overlap: bool = False
     pp_comm_overlap: bool = False
@@ -577,6 +581,7 @@ class _Cells:
             optimizer_in_backward="optimizer_in_backward" in switches,
             master_weights="no_master_weights" not in switches,
             torch_compile="torch_compile" in switches,
+            triton_attention="triton_attention" in switches,
             packed="packed" in switches,
             tp_comm_overlap="tp_comm_overlap" in switches,
             pp_comm_overlap="pp_comm_overlap" in switches,

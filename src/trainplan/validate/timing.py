@@ -217,6 +217,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         paged_optimizer=flags.paged_optimizer,
         recompute_early_stop=flags.recompute_early_stop,
         torch_compile=flags.torch_compile,
+        triton_attention=flags.triton_attention,
         stack=REGISTRY[row.dataset].stack,  # type: ignore[arg-type]
     )
     layout = Layout(
