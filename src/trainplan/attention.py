@@ -12,7 +12,8 @@ their figure numbers in ``trainplan/hardware/data/attention.toml``:
 
 Which kernel runs depends on the stack and the generation (the data file's ``[[generation]]``
 tables): Transformer Engine (Megatron-Core, NeMo) selects cuDNN fused attention on Hopper and
-later, PyTorch SDPA / flash-attn (torchtitan, llm-foundry, torchtune) FlashAttention-2.
+later, PyTorch SDPA / flash-attn (torchtitan, torchtune, llm-foundry with attn_impl: flash) FlashAttention-2;
+llm-foundry's attn_impl: triton runs FlashAttention in Triton (``Recipe.triton_attention``, step 5).
 
 How a point is read, each step named in :attr:`AttentionEfficiency.notes` when it applies:
 
