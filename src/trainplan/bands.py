@@ -3,7 +3,8 @@
 Every estimate falls in one **validation class**, the product of four named axes::
 
     family       accelerator family of the catalog entry: nvidia (NVIDIA data-centre GPUs of a
-                 calibrated generation: Ampere, Hopper, Blackwell), consumer (Ada / RTX cards),
+                 calibrated generation: Ampere, Hopper, Blackwell), consumer (Ada / RTX cards and
+                 the GA102 parts of ``timing.OTHER_DIE``: RTX A6000, RTX 3090, A10G),
                  amd, tpu, trainium, gaudi, cerebras; other NVIDIA generations are
                  ``nvidia-<generation>``, and AMD / TPU / Trainium parts outside the generations
                  with a κ (``timing.GENERATION``) ``<family>-<architecture>`` (e.g. amd-cdna2):
@@ -61,7 +62,7 @@ from typing import Any, Final, Literal
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.layout import Layout
 from trainplan.recipe import Recipe
-from trainplan.timing import GENERATION
+from trainplan.timing import GENERATION, OTHER_DIE
 
 Quantity = Literal["step_s", "memory_bytes"]
 QUANTITIES: Final[tuple[Quantity, ...]] = ("step_s", "memory_bytes")
@@ -141,7 +142,7 @@ def accelerator_family(acc: Accelerator) -> str:
     """The band family of a catalog entry (module docstring)."""
     if acc.vendor == "NVIDIA":
         gen = GENERATION.get(acc.name)
-        if gen == "ada" or acc.name.startswith("rtx"):
+        if gen == "ada" or acc.name.startswith("rtx") or acc.name in OTHER_DIE:
             return "consumer"
         if gen in CALIBRATED_NVIDIA_GENERATIONS:
             return "nvidia"

@@ -81,8 +81,12 @@ GENERATION: Final[dict[str, str]] = {
     "a100-40gb": "ampere",
     "a100-80gb": "ampere",
     "a800": "ampere",
+    "rtx-a6000": "ampere",
+    "rtx-3090": "ampere",
+    "a10g": "ampere",
     "rtx-4090": "ada",
     "l40s": "ada",
+    "l4": "ada",
     "h100-sxm": "hopper",
     "h100-pcie": "hopper",
     "h200": "hopper",
@@ -114,7 +118,15 @@ sustained clocks under load, which κ carries, differ with the power envelope (t
 has no training run here). Google TPUs and AWS Trainium chips as one generation
 each, because their κ measures a compiler stack (XLA, Neuron) rather than one chip: it is fitted
 on TPU v5p / v6e and on Trn1 runs and used for every chip of the family (the kernel efficiencies
-stay per chip, ``efficiency.toml``)."""
+stay per chip, ``efficiency.toml``). The GA102 parts (RTX A6000, RTX 3090, A10G; sm_86) take the
+Ampere κ and attention curves of the GA100 A100 (sm_80): the same CUDA 11 / cuBLAS / FlashAttention
+Ampere kernels, a different die (:data:`OTHER_DIE`). The V100 (Volta) has no generation: no κ, no
+attention curve, uncalibrated."""
+
+OTHER_DIE: Final[frozenset[str]] = frozenset({"rtx-a6000", "rtx-3090", "a10g"})
+"""Parts that share a calibrated generation's software (its κ and attention curves) on a die no
+calibration row ran on: GA102 beside the GA100 of the Ampere rows. Their bands are never the
+generation's calibrated ones (``bands.accelerator_family``: the consumer class)."""
 
 NATIVE_STACK: Final[dict[str, str]] = {"tpu": "maxtext", "trainium": "neuron"}
 """The training stack each non-GPU generation's published runs use: XLA (MaxText) on TPU, the
