@@ -260,6 +260,13 @@ NVIDIA GPUs, AMD GPUs, Intel XPUs, Apple Silicon, and Intel Gaudi",
 https://huggingface.co/docs/bitsandbytes/v0.50.2/en/installation.md). Google TPUs, AWS Trainium
 and Cerebras have none."""
 
+NO_FLASH_ATTENTION_FAMILIES: Final = ("Volta",)
+"""NVIDIA generations FlashAttention does not run on: FlashAttention-2 supports "Ampere, Ada, or
+Hopper GPUs" (README, https://github.com/Dao-AILab/flash-attention/blob/main/README.md) and
+FlashAttention 1 Turing and Ampere; PyTorch's SDPA flash backend likewise needs sm_80. The V100
+(sm_70) runs attention as batched GEMMs (eager) or SDPA's memory-efficient kernel, whose speed no
+curve here describes."""
+
 WEIGHT_STREAMING_FAMILIES: Final = ("WSE",)
 """Accelerator families that train by weight streaming (Cerebras WSE: weights and optimizer
 states in external MemoryX, streamed layer by layer, activations on the wafer; the catalog's
@@ -277,6 +284,12 @@ def hardware_refusal(system: System, recipe: Recipe) -> TrainplanError | None:
             "MemoryX memory layer by layer; only activations live on the wafer), which trainplan does not "
             f"model: its {acc.memory_bytes / 1e9:.0f} GB of on-wafer SRAM is not a GPU's device memory; "
             "choose another accelerator",
+        )
+    if recipe.attention == "flash" and acc.vendor == "NVIDIA" and acc.family in NO_FLASH_ATTENTION_FAMILIES:
+        return RecipeError(
+            "attention",
+            f"FlashAttention does not run on {acc.family} ({acc.name}): FlashAttention-2 and PyTorch's "
+            "flash SDPA kernel need an Ampere or newer GPU (sm_80+); use --attention eager",
         )
     if recipe.method == "qlora" and acc.vendor not in QLORA_BACKENDS:
         return RecipeError(
