@@ -170,7 +170,14 @@ class EpochRow:
 
 
 def epoch_rows() -> list[EpochRow]:
-    """Every row of ``data/rlhf_deepspeed_chat.csv``."""
+    """Every row of ``data/rlhf_deepspeed_chat.csv``, in fp16 mixed precision: DeepSpeed-Chat's
+    training config enables ``"fp16"`` for every model (``training/utils/ds_utils.py``,
+    ``get_train_ds_config`` / ``get_eval_ds_config``, https://github.com/microsoft/DeepSpeedExamples/blob/0ac7a6d432082bd094d2fb2376181bfc5e94dccd/applications/DeepSpeed-Chat/training/utils/ds_utils.py)
+    and its step-3 scripts set no other dtype (the V100 rows depend on it: Volta has no BF16); eager
+    attention: the OPT models train through transformers' ``OPTAttention`` of the benchmark's time
+    (batched ``torch.bmm`` of queries and keys, softmax, ``torch.bmm`` with values; v4.28,
+    https://github.com/huggingface/transformers/blob/v4.28.1/src/transformers/models/opt/modeling_opt.py),
+    which also runs on the V100, where FlashAttention does not."""
     text = (
         resources.files("trainplan.validate")
         .joinpath("data", "rlhf_deepspeed_chat.csv")
@@ -192,6 +199,8 @@ def epoch_rows() -> list[EpochRow]:
             "rollout_engine": "hybrid",
             "rollout_eager": True,
             "stack": "deepspeed",
+            "precision": "fp16",
+            "attention": "eager",
         }
         if c["actor"] != "full":
             fields.update(actor=c["actor"], lora_rank=int(c["lora_rank"]))
