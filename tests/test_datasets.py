@@ -567,9 +567,8 @@ def test_torchtune_rows_carry_their_config_recipe() -> None:
         # per step (max_seq_len truncation, padded batches) and the A6000 rows' inferred checkpointing.
         assert r.is_target == (r.date[:7] in _TORCHTUNE_COMMIT and "a6000" not in r.hardware), r.name
 
-        # The recipe row_inputs builds is the row's (the A6000 is not in the catalog; the recipe
-        # does not depend on the device).
-        built = row_inputs(replace(r, hardware="rtx-4090") if r.hardware == "rtx-a6000" else r)
+        # The recipe row_inputs builds is the row's.
+        built = row_inputs(r)
         recipe, layout = built[2], built[3]
         assert recipe.recompute == ("none" if rec_ == "unstated" else rec_), r.name
         assert (recipe.optimizer, recipe.offload) == (opt, off), r.name

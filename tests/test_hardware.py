@@ -27,6 +27,7 @@ EXPECTED = {
     "vr200", "rtx-4090", "l40s", "mi250x", "mi300x", "mi325x", "mi350x", "mi355x", "tpu-v4",
     "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "trn1", "trn2", "trn3", "gaudi2", "gaudi3", "wse-3",
     "h800", "h20", "a800", "rtx-5090", "mi455x", "trn2-ultraserver",
+    "v100-16gb", "v100-32gb", "rtx-a6000", "rtx-3090", "a10g", "l4",
 }  # fmt: skip
 
 
@@ -261,9 +262,9 @@ def test_render_table_and_show() -> None:
 
 
 # Entries without a scale-out link, each for a stated reason (see their notes and docs/hardware.md):
-# no per-GPU NIC documented (h100-pcie, rtx-4090, rtx-5090), no DCN figure published (tpu-v4), or the
-# wafer-scale system whose SwarmX/MemoryX bandwidth is unpublished (wse-3).
-NO_SCALE_OUT = {"h100-pcie", "rtx-4090", "rtx-5090", "tpu-v4", "wse-3"}
+# no per-GPU NIC documented (h100-pcie, rtx-4090, rtx-5090, rtx-3090, rtx-a6000), no DCN figure
+# published (tpu-v4), or the wafer-scale system whose SwarmX/MemoryX bandwidth is unpublished (wse-3).
+NO_SCALE_OUT = {"h100-pcie", "rtx-4090", "rtx-5090", "rtx-3090", "rtx-a6000", "tpu-v4", "wse-3"}
 
 
 def test_scale_out_present_unless_explained() -> None:
@@ -280,7 +281,8 @@ def test_scale_out_present_unless_explained() -> None:
         # One direction per chip: 800 Gb/s per device at most, except the announced MI455X
         # (Helios: 43 TB/s of NICs per 72 GPUs, ~300 GB/s per GPU).
         limit = 300e9 if acc.name == "mi455x" else 100e9
-        assert 1e9 <= link.bandwidth_bytes_per_s <= limit, acc.name
+        # At least 3 Gb/s per device: AWS p3.16xlarge (8 V100, 25 Gb/s per instance) is the floor.
+        assert 0.375e9 <= link.bandwidth_bytes_per_s <= limit, acc.name
         # Scale-out is never faster than the chip's own scale-up link.
         assert link.bandwidth_bytes_per_s <= acc.scale_up.bandwidth_bytes_per_s, acc.name
 
@@ -297,6 +299,10 @@ def test_scale_out_spot_values() -> None:
         "tpu-v6e": 12.5e9,  # 100 Gb/s per chip
         "tpu-v7": 12.5e9,  # 100 Gb/s per chip
         "l40s": 6.25e9,  # g6e.48xlarge 400 Gb/s per 8 GPUs
+        "v100-16gb": 0.390625e9,  # p3.16xlarge 25 Gb/s per 8 GPUs
+        "v100-32gb": 1.5625e9,  # p3dn.24xlarge 100 Gb/s per 8 GPUs
+        "a10g": 1.5625e9,  # g5.48xlarge 100 Gb/s per 8 GPUs
+        "l4": 1.5625e9,  # g6.48xlarge 100 Gb/s per 8 GPUs
     }
     for name, value in expected.items():
         link = get_accelerator(name).scale_out
@@ -331,3 +337,69 @@ def test_price_notes_have_no_mangled_dollar_figures() -> None:
     for acc in list_accelerators():
         for note in acc.notes:
             assert not re.search(r"(^|\s)\.\d", note), (acc.name, note)
+
+
+def test_volta_has_fp16_tensor_cores_only_and_no_flash_attention() -> None:
+    """V100: FP16 tensor cores (125 TFLOPS, no sparsity) and the FP32 vector rate; BF16, TF32 and
+    FP8 are absent, never extrapolated, and a recipe needing them is refused with the fix."""
+    from trainplan.errors import RecipeError
+    from trainplan.layout import Layout
+    from trainplan.models import load_model
+    from trainplan.predict import estimate
+    from trainplan.recipe import Recipe
+
+    for name in ("v100-16gb", "v100-32gb"):
+        v100 = get_accelerator(name)
+        assert v100.supported_dtypes == ("fp32", "fp16") and not v100.sparse_peak_flops
+        assert v100.peak_flops_per_s("fp16") == pytest.approx(125e12)
+        assert v100.scale_up.bandwidth_bytes_per_s == pytest.approx(150e9)  # NVLink 2: 300 GB/s bidir
+    system = System(accelerator=get_accelerator("v100-32gb"), num_devices=8)
+    model = load_model("llama-3.2-1b")
+    layout = Layout(dp=8)
+
+    def run(**kw: object) -> object:
+        recipe = Recipe(method="pretrain", global_batch=8, seq_len=1024, **kw)  # type: ignore[arg-type]
+        return estimate(system, model, recipe, layout)
+
+    with pytest.raises(RecipeError, match="no bf16 peak"):
+        run(attention="eager")
+    with pytest.raises(RecipeError, match="--attention eager"):
+        run(precision="fp16")
+    fp16 = run(precision="fp16", attention="eager")
+    fp32 = run(precision="fp32", attention="eager")  # no TF32: the 15.7 TFLOPS vector rate
+    assert fp32.time.compute_s > 5 * fp16.time.compute_s  # 125 / 15.7 = 8x peak
+    assert fp16.step_band is not None and fp16.step_band.family == "nvidia-volta"
+    assert not fp16.step_band.calibrated  # no Volta training row: the uncalibrated band
+    assert any("no calibrated" in n for n in fp16.time.notes)
+
+
+def test_ga102_cards_take_the_ampere_software_but_no_calibrated_band() -> None:
+    """RTX A6000, RTX 3090 and A10G (GA102, sm_86) take the A100's Ampere κ and attention curves
+    and fall in the consumer band class; GeForce GA102 halves the FP32-accumulate tensor rate."""
+    from trainplan.bands import accelerator_family
+    from trainplan.layout import Layout
+    from trainplan.models import load_model
+    from trainplan.predict import estimate
+    from trainplan.recipe import Recipe
+    from trainplan.timing import GENERATION, OTHER_DIE, calibrated_kappa
+
+    for name in sorted(OTHER_DIE):
+        acc = get_accelerator(name)
+        assert GENERATION[name] == "ampere" and acc.family == "Ampere"
+        assert calibrated_kappa(name, "pytorch") == calibrated_kappa("a100-80gb", "pytorch")
+        assert accelerator_family(acc) == "consumer"
+        for stack in ("megatron", "pytorch"):
+            e = estimate(
+                System(accelerator=acc, num_devices=1),
+                load_model("llama-3.2-1b"),
+                Recipe(method="lora", global_batch=1, seq_len=512, stack=stack),  # type: ignore[arg-type]
+                Layout(dp=1),
+            )
+            assert e.step_band is not None and not e.step_band.calibrated, (name, stack)
+    assert accelerator_family(get_accelerator("a100-80gb")) == "nvidia"
+    assert accelerator_family(get_accelerator("l4")) == "consumer"
+    a6000, rtx3090 = get_accelerator("rtx-a6000"), get_accelerator("rtx-3090")
+    assert a6000.peak_flops["bf16"] == pytest.approx(2 * a6000.peak_flops["tf32"])
+    assert rtx3090.peak_flops["bf16"] == pytest.approx(2 * rtx3090.peak_flops["tf32"], rel=0.01)
+    assert rtx3090.peak_flops["bf16"] < a6000.peak_flops["bf16"] / 2
+    assert a6000.scale_up.domain_size == 2 and a6000.scale_up.bandwidth_bytes_per_s == pytest.approx(56.25e9)

@@ -30,10 +30,11 @@ TODAY = datetime.date(2026, 12, 1)
 # Accelerators without any dated public per-hour price, each saying why in ``sources.price``:
 # announced parts (vr200, mi455x), parts sold or rented only in China (h800, h20, a800), cloud-only
 # parts sold as reservations or capacity blocks without a published rate (trn2, trn3,
-# trn2-ultraserver, tpu-v7), and parts whose providers publish no dated rate (the rest).
+# trn2-ultraserver, tpu-v7), and parts whose providers publish no dated rate (the rest, rtx-a6000
+# included: RunPod serverless and RunComfy list it undated).
 UNPRICED = {
     "vr200", "mi455x", "h800", "h20", "a800", "trn2", "trn3", "trn2-ultraserver", "tpu-v7",
-    "gb300", "mi250x", "mi350x", "mi355x", "tpu-v4", "gaudi2", "gaudi3", "wse-3",
+    "gb300", "mi250x", "mi350x", "mi355x", "tpu-v4", "gaudi2", "gaudi3", "wse-3", "rtx-a6000",
 }  # fmt: skip
 
 

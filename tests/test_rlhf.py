@@ -407,6 +407,14 @@ def test_deepspeed_chat_step3_rows_run_the_opt_350m_critic() -> None:
     scored = {r.name for r in res.scored}
     assert {"dschat-t1-a100-80gb-x8-opt-13b", "dschat-t1-a100-80gb-x64-opt-66b"} <= scored
     assert len(scored) >= 15 and res.passed
+    # The V100 and A6000 rows are scored (validation rows, never fitted), in the recipe they ran:
+    # fp16 (Volta has no BF16) and eager attention (FlashAttention does not run on Volta).
+    assert {
+        "dschat-t1-v100-32gb-x1-opt-1.3b",
+        "dschat-t1-a6000-48gb-x1-opt-1.3b",
+        "dschat-t1-a6000-48gb-x1-opt-6.7b",
+    } <= scored
+    assert all(r.fields["precision"] == "fp16" and r.fields["attention"] == "eager" for r in epoch_rows())
     # a larger cap never makes the epoch slower: the search only adds larger batches that fit
     row = next(r for r in epoch_rows() if r.name == "dschat-t1-a100-80gb-x8-opt-1.3b")
     seconds, per_device = predict_epoch(row)
