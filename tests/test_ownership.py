@@ -68,6 +68,7 @@ def test_bad_inputs_are_refused() -> None:
     acc = dataclasses.replace(
         get_accelerator("h100-sxm"),
         purchase_usd=None,
+        purchase_date=None,
         sources={k: v for k, v in get_accelerator("h100-sxm").sources.items() if k != "price"},
     )
     with pytest.raises(TrainplanError, match="--node-price"):

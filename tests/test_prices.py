@@ -9,8 +9,16 @@ import json
 import pytest
 
 from trainplan.cli import main
+from trainplan.errors import CatalogError
 from trainplan.hardware import System, get_accelerator, list_accelerators
-from trainplan.hardware.accelerator import PRICE_KINDS, SOURCE_KEYS, Accelerator, CloudOffering
+from trainplan.hardware.accelerator import (
+    NO_PUBLIC_PRICE_REASONS,
+    PRICE_KINDS,
+    PURCHASE_KIND,
+    SOURCE_KEYS,
+    Accelerator,
+    CloudOffering,
+)
 from trainplan.hardware.catalog import builtin_accelerators
 from trainplan.hardware.prices import (
     FALLBACK_KINDS,
@@ -27,15 +35,17 @@ from trainplan.recipe import Recipe
 
 TODAY = datetime.date(2026, 12, 1)
 
-# Accelerators without any dated public per-hour price, each saying why in ``sources.price``:
-# announced parts (vr200, mi455x), parts sold or rented only in China (h800, h20, a800), cloud-only
-# parts sold as reservations or capacity blocks without a published rate (trn2, trn3,
-# trn2-ultraserver, tpu-v7), and parts whose providers publish no dated rate (the rest, rtx-a6000
-# included: RunPod serverless and RunComfy list it undated).
-UNPRICED = {
-    "vr200", "mi455x", "h800", "h20", "a800", "trn2", "trn3", "trn2-ultraserver", "tpu-v7",
-    "gb300", "mi250x", "mi350x", "mi355x", "tpu-v4", "gaudi2", "gaudi3", "wse-3", "rtx-a6000",
+# Shipping accelerators for which no dated public price (rental or purchase) has been found yet;
+# each says so in ``sources.price`` (rtx-a6000: RunPod serverless and RunComfy list it undated). The set is held exactly: a price found removes a name, and no
+# accelerator may join it (a new catalog entry comes with a dated price or, announced, the marker).
+PRICE_GAPS = {
+    "gb300", "h800", "mi250x", "mi350x", "mi355x", "tpu-v7", "trn2", "trn3", "trn2-ultraserver",
+    "gaudi2", "wse-3", "rtx-a6000",
 }  # fmt: skip
+
+# Accelerators with no dated per-hour rental price (a purchase price at most): estimates and plans
+# need --price for them.
+UNRENTED = PRICE_GAPS | {"vr200", "mi455x", "h20", "a800", "gaudi3"}
 
 
 @pytest.mark.parametrize("acc", builtin_accelerators(), ids=lambda a: a.name)
@@ -60,19 +70,62 @@ def test_every_figure_group_has_a_source_and_a_date(acc: Accelerator) -> None:
         assert offer.day <= TODAY, (acc.name, offer.instance, offer.date)
 
 
-def test_shipping_parts_are_priced_except_the_listed_ones() -> None:
-    unpriced = {a.name for a in list_accelerators() if not a.cloud}
-    assert unpriced == UNPRICED
-    for acc in list_accelerators():
+def test_every_accelerator_has_a_dated_price_or_the_announced_marker() -> None:
+    accs = list_accelerators()
+    gaps = set()
+    for acc in accs:
+        prices = acc.dated_prices
+        for price in prices:
+            assert "http" in price.source, (acc.name, price)
+            assert price.day <= TODAY, (acc.name, price)
+        if acc.purchase_usd is not None:
+            assert acc.purchase is not None and acc.purchase.kind == PURCHASE_KIND
+            assert acc.purchase.date == acc.purchase_date
+        if prices:
+            assert acc.no_public_price is None, acc.name
+            continue
+        if acc.no_public_price is not None:
+            # the marker: only for announced parts, with a source saying no price is published
+            assert acc.status == "announced", acc.name
+            assert acc.no_public_price in NO_PUBLIC_PRICE_REASONS
+            assert acc.sources["price"].startswith("no public price (announced, unshipped)")
+            assert "http" in acc.sources["price"], acc.name
+            continue
+        assert acc.status == "shipping", f"{acc.name} is announced: give the marker or a dated price"
+        assert acc.sources["price"].strip(), f"{acc.name} lacks the reason it has no price"
+        gaps.add(acc.name)
+    assert gaps == PRICE_GAPS
+    assert {a.name for a in accs if a.status == "announced"} <= {
+        a.name for a in accs if a.no_public_price
+    } | {a.name for a in accs if a.dated_prices}
+    assert {a.name for a in accs if not a.cloud} == UNRENTED
+    rented = [a for a in accs if a.cloud]
+    assert len(rented) >= 18
+    assert {o.kind for a in rented for o in a.cloud} >= {"on-demand", "spot", "reserved", "capacity-block"}
+    providers = {o.provider for a in rented for o in a.cloud}
+    assert providers >= {"AWS", "GCP", "Azure", "CoreWeave", "Lambda", "Nebius", "RunPod"}
+    for acc in accs:
         if acc.status == "announced":
             assert not acc.cloud, f"{acc.name} is announced but has a rental price"
-        if not acc.cloud:
-            assert acc.sources["price"].strip(), f"{acc.name} lacks the reason it has no price"
-    priced = [a for a in list_accelerators() if a.cloud]
-    assert len(priced) >= 17
-    assert {o.kind for a in priced for o in a.cloud} >= {"on-demand", "spot", "reserved", "capacity-block"}
-    providers = {o.provider for a in priced for o in a.cloud}
-    assert providers >= {"AWS", "GCP", "Azure", "CoreWeave", "Lambda", "Nebius", "RunPod"}
+
+
+def test_the_marker_and_the_purchase_date_are_refused_where_they_do_not_belong() -> None:
+    base = get_accelerator("vr200")
+    fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+    with pytest.raises(CatalogError, match="announced part"):
+        Accelerator(**{**fields, "status": "shipping"})
+    with pytest.raises(CatalogError, match="a shipping part needs a dated price"):
+        Accelerator(**{**fields, "no_public_price": "too expensive"})
+    with pytest.raises(CatalogError, match="purchase_date"):
+        Accelerator(**{**fields, "no_public_price": None, "purchase_usd": 1000.0})
+    with pytest.raises(CatalogError, match="remove it or the prices"):
+        Accelerator(**{**fields, "purchase_usd": 1000.0, "purchase_date": "2026-01"})
+    gaudi3 = get_accelerator("gaudi3")
+    g = {f: getattr(gaudi3, f) for f in gaudi3.__dataclass_fields__}
+    with pytest.raises(CatalogError, match="needs a purchase_usd"):
+        Accelerator(**{**g, "purchase_usd": None})
+    with pytest.raises(PriceError, match="trainplan cost"):
+        PriceQuery(kind=PURCHASE_KIND)
 
 
 def test_usable_memory_bounds_the_fit_and_sits_beside_nominal() -> None:

@@ -265,15 +265,17 @@ class Ownership:
 
 def default_node_price(acc: Accelerator) -> tuple[float, str]:
     """The catalog's purchase price × devices per node × (1 + SERVER_OVERHEAD), and its source."""
-    if acc.purchase_usd is None:
+    purchase = acc.purchase
+    if purchase is None:
         raise TrainplanError(
             "node_price",
             f"{acc.name} has no purchase price in the catalog; give --node-price USD (one server of "
             f"{acc.devices_per_node})",
         )
-    price = acc.purchase_usd * acc.devices_per_node * (1.0 + SERVER_OVERHEAD)
+    price = purchase.usd_per_device * acc.devices_per_node * (1.0 + SERVER_OVERHEAD)
     return price, (
-        f"{acc.devices_per_node} × ${acc.purchase_usd:,.0f} ({acc.sources.get('price', 'catalog')}) "
+        f"{acc.devices_per_node} × ${purchase.usd_per_device:,.0f} (purchase price of {purchase.date}: "
+        f"{purchase.source}) "
         f"+ {100 * SERVER_OVERHEAD:.0f}% for the rest of the server (assumption; --node-price)"
     )
 

@@ -43,6 +43,14 @@ interruptible capacity), ``reserved`` (a reservation or contract of a fixed term
 (a committed-use discount such as Google's 1- or 3-year CUD), ``capacity-block`` (a fixed-duration
 block booked ahead, e.g. AWS EC2 Capacity Blocks for ML)."""
 
+PURCHASE_KIND: Final = "purchase"
+"""The kind of a dated purchase price (MSRP, list or reported street price per device): a capital
+cost, compared with renting by ``trainplan cost``, never ranked with the per-hour kinds above."""
+
+NO_PUBLIC_PRICE_REASONS: Final[tuple[str, ...]] = ("announced, unshipped",)
+"""Why an accelerator may carry no dated price at all: only a part that is announced and not yet
+shipped, with a source saying no price has been published (``no_public_price``)."""
+
 _NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 _DATE_RE: Final = re.compile(r"^\d{4}-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
 
@@ -162,6 +170,33 @@ class CloudOffering:
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class PurchasePrice:
+    """A dated public purchase price for one device (kind :data:`PURCHASE_KIND`): the catalog's
+    ``purchase_usd`` with the date it was published (``purchase_date``) and its ``sources.price``."""
+
+    usd_per_device: float
+    date: str
+    source: str
+    kind: str = PURCHASE_KIND
+
+    @property
+    def day(self) -> datetime.date:
+        parts = [int(p) for p in self.date.split("-")]
+        return datetime.date(parts[0], parts[1], parts[2] if len(parts) == 3 else 1)
+
+    def describe(self) -> str:
+        return f"purchase ${self.usd_per_device:,.0f}/device ({self.date})"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "usd_per_device": float(self.usd_per_device),
+            "date": self.date,
+            "source": self.source,
+        }
+
+
 def _freeze_floats(value: Mapping[str, float]) -> Mapping[str, float]:
     return MappingProxyType(dict(value))
 
@@ -193,6 +228,11 @@ class Accelerator:
     host_link: Link | None = None
     tdp_w: float | None = None
     purchase_usd: float | None = None
+    purchase_date: str | None = None
+    """When ``purchase_usd`` was published or reported (YYYY-MM or YYYY-MM-DD); required with it."""
+    no_public_price: str | None = None
+    """The explicit marker of an accelerator with no dated price at all, one of
+    :data:`NO_PUBLIC_PRICE_REASONS`; ``sources.price`` names the source that says so."""
     cloud: tuple[CloudOffering, ...] = ()
     devices_per_node: int
     host_memory_bytes_per_node: float | None = None
@@ -268,11 +308,35 @@ class Accelerator:
             _positive("tdp_w", self.tdp_w, "give the board power in watts, or leave it out when unknown")
         if self.purchase_usd is not None:
             _positive("purchase_usd", self.purchase_usd, "give the purchase price in USD, or leave it out")
+            if not isinstance(self.purchase_date, str) or not _DATE_RE.match(self.purchase_date):
+                raise CatalogError(
+                    "purchase_date",
+                    f"must be YYYY-MM or YYYY-MM-DD (when the purchase price was published), got {self.purchase_date!r}",
+                )
+        elif self.purchase_date is not None:
+            raise CatalogError("purchase_date", "a purchase date needs a purchase_usd; give both or neither")
         object.__setattr__(self, "cloud", tuple(self.cloud))
         for offering in self.cloud:
             if not isinstance(offering, CloudOffering):
                 raise CatalogError("cloud", "each entry must be a CloudOffering")
         _positive_int("devices_per_node", self.devices_per_node, "give the accelerators per server")
+        if self.no_public_price is not None:
+            if self.no_public_price not in NO_PUBLIC_PRICE_REASONS:
+                raise CatalogError(
+                    "no_public_price",
+                    f"must be one of {', '.join(repr(r) for r in NO_PUBLIC_PRICE_REASONS)}, got "
+                    f"{self.no_public_price!r}; a shipping part needs a dated price",
+                )
+            if self.status != "announced":
+                raise CatalogError(
+                    "no_public_price",
+                    f"{self.no_public_price!r} marks an announced part, but the status is {self.status!r}; "
+                    "give a dated price instead",
+                )
+            if self.cloud or self.purchase_usd is not None:
+                raise CatalogError(
+                    "no_public_price", "the marker is for a part with no price; remove it or the prices"
+                )
         for key in self.sources:
             if key not in SOURCE_KEYS:
                 raise CatalogError(f"sources.{key}", f"unknown source group; use {', '.join(SOURCE_KEYS)}")
@@ -289,7 +353,7 @@ class Accelerator:
             required.append("usable_memory")
         if self.tdp_w is not None:
             required.append("power")
-        if self.purchase_usd is not None:
+        if self.purchase_usd is not None or self.no_public_price is not None:
             required.append("price")
         for key in required:
             text = self.sources.get(key)
@@ -337,6 +401,21 @@ class Accelerator:
         (drivers and firmware reserve part of the nominal HBM), else the nominal memory."""
         return self.memory_bytes if self.usable_memory_bytes is None else self.usable_memory_bytes
 
+    @property
+    def purchase(self) -> PurchasePrice | None:
+        """The dated purchase price, or ``None`` when the catalog has none."""
+        if self.purchase_usd is None or self.purchase_date is None:
+            return None
+        return PurchasePrice(
+            usd_per_device=self.purchase_usd, date=self.purchase_date, source=self.sources["price"]
+        )
+
+    @property
+    def dated_prices(self) -> tuple[CloudOffering | PurchasePrice, ...]:
+        """Every dated public price: the rental offerings, then the purchase price."""
+        purchase = self.purchase
+        return (*self.cloud, *(() if purchase is None else (purchase,)))
+
     def cheapest_offering(self) -> CloudOffering | None:
         """The default offering (:func:`trainplan.hardware.prices.default_offering`), or ``None``
         when no dated public price is known."""
@@ -368,6 +447,8 @@ class Accelerator:
             "host_link": None if self.host_link is None else self.host_link.to_dict(),
             "tdp_w": None if self.tdp_w is None else float(self.tdp_w),
             "purchase_usd": None if self.purchase_usd is None else float(self.purchase_usd),
+            "purchase_date": self.purchase_date,
+            "no_public_price": self.no_public_price,
             "cloud": [o.to_dict() for o in self.cloud],
             "devices_per_node": self.devices_per_node,
             "host_memory_bytes_per_node": self.host_memory_bytes_per_node,

@@ -58,6 +58,8 @@ _ACCELERATOR_KEYS: Final[dict[str, tuple[str, bool]]] = {
     "host_link": (_LINK, False),
     "tdp_w": (_NUM, False),
     "purchase_usd": (_NUM, False),
+    "purchase_date": (_STR, False),
+    "no_public_price": (_STR, False),
     "cloud": (_CLOUD, False),
     "devices_per_node": (_INT, True),
     "host_memory_bytes_per_node": (_NUM, False),

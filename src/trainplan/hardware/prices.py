@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from trainplan.errors import TrainplanError
-from trainplan.hardware.accelerator import PRICE_KINDS, CloudOffering
+from trainplan.hardware.accelerator import PRICE_KINDS, PURCHASE_KIND, CloudOffering
 
 DEFAULT_KIND: Final = "on-demand"
 FALLBACK_KINDS: Final[tuple[str, ...]] = ("on-demand", "reserved", "committed", "capacity-block", "spot")
@@ -53,6 +53,12 @@ class PriceQuery:
     today: datetime.date | None = None
 
     def __post_init__(self) -> None:
+        if self.kind == PURCHASE_KIND:
+            raise PriceError(
+                "price_kind",
+                "a purchase price is a capital cost, not a rate per device-hour; compare buying with "
+                f"renting with `trainplan cost`, or choose a rental kind: {', '.join(PRICE_KINDS)}",
+            )
         if self.kind is not None and self.kind not in PRICE_KINDS:
             raise PriceError(
                 "price_kind", f"unknown price kind {self.kind!r}; choose from {', '.join(PRICE_KINDS)}"

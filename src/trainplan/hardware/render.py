@@ -190,11 +190,20 @@ def render_show(acc: Accelerator) -> str:
     lines.append(f"  TDP {_DASH if acc.tdp_w is None else f'{acc.tdp_w:,.0f} W'}")
     lines.append(f"  source: {src.get('power', _DASH)} ({_dated(acc, 'power')})")
     lines.append("Price")
-    purchase = _DASH if acc.purchase_usd is None else f"${acc.purchase_usd:,.0f} per device (estimate)"
+    bought = acc.purchase
+    if bought is not None:
+        purchase = f"${bought.usd_per_device:,.0f} per device, dated {bought.date} (estimate)"
+    elif acc.no_public_price is not None:
+        purchase = f"none: no public price ({acc.no_public_price})"
+    else:
+        purchase = _DASH
     lines.append(f"  purchase {purchase}")
     lines.append(f"  source: {src.get('price', _DASH)} ({_dated(acc, 'price')})")
     if not acc.cloud:
-        lines.append("  cloud: no dated public price listed")
+        lines.append(
+            "  cloud: no dated public rental price listed"
+            + ("; cost rentals with --price USD_PER_DEVICE_HOUR" if acc.status == "shipping" else "")
+        )
     default = acc.cheapest_offering()
     for offer in sorted(acc.cloud, key=lambda o: (FALLBACK_KINDS.index(o.kind), o.usd_per_device_hour)):
         mark = "  <- default" if offer == default else ""
