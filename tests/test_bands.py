@@ -26,7 +26,7 @@ from trainplan.cli import main
 from trainplan.validate import bands as vbands
 
 UNCALIBRATED = ("mi250x", "gaudi2", "trn2")
-"""No κ (MI250X's CDNA 2, Gaudi 2), or a κ with fewer validation rows than a band needs (Trn2)."""
+"""No κ (MI250X's CDNA 2), or a κ with fewer validation rows than a band needs (Gaudi 2, Trn2)."""
 
 
 @pytest.fixture(scope="module")

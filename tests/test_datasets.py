@@ -99,6 +99,7 @@ def test_judged_datasets_never_calibrate() -> None:
         "mlperf51_llama2_70b_lora",
         # the Llama 3.1 8B rows chose the Hugging Face memory terms; the 70B rows judge them
         "unsloth_hf_context",
+        "gaudi2_megatron_deepspeed",
     }
     assert {r.split for r in ALL["unsloth_hf_context"] if r.model == "llama-3.1-70b"} == {"validate"}
 
@@ -170,6 +171,7 @@ def test_every_validated_family_has_validation_rows() -> None:
         "tpu-v5p",
         "tpu-v6e",
         "trn1",
+        "gaudi2",
     } <= hardware
 
 
@@ -469,7 +471,13 @@ def test_recipe_columns_default_where_absent() -> None:
     """Datasets without the optional recipe columns parse to "not published" and trainplan's defaults
     (the NVIDIA, Megatron-LM, llm-foundry, torchtitan and Llama 3 tables state only their runs'
     communication, gradient-accumulation, checkpoint, pipeline-split and attention-kernel switches)."""
-    with_recipe = {"torchtune_throughput", "mlperf51_llama2_70b_lora", "maxtext_tpu", "neuron_trn1"}
+    with_recipe = {
+        "torchtune_throughput",
+        "mlperf51_llama2_70b_lora",
+        "maxtext_tpu",
+        "neuron_trn1",
+        "gaudi2_megatron_deepspeed",
+    }
     for name, rows in TIMING.items():
         if name in with_recipe:  # these state their optimizer, offload and LoRA / precision settings
             continue

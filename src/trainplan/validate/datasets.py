@@ -439,6 +439,17 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             stack="neuron",
         ),
         DatasetInfo(
+            name="gaudi2_megatron_deepspeed",
+            kind="timing",
+            metric="step_s",
+            mape_bound=0.20,
+            description="Llama 2 7B/13B/70B and Llama 3.1 8B/70B pre-training on 8-64 Gaudi 2, Intel Gaudi "
+            "Megatron-DeepSpeed, TP/PP/DP, FP8, selective recompute; step time from the published tokens/s",
+            source="Intel Gaudi 2 model performance page (training, software 1.19.0) and "
+            "HabanaAI/Megatron-DeepSpeed README.md / scripts/run_llama.sh at 470cc029",
+            target=0.15,
+        ),
+        DatasetInfo(
             name="torchtune_memory",
             kind="memory",
             metric="memory_bytes",
