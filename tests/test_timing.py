@@ -180,7 +180,7 @@ def test_calibration_is_reproducible_from_its_split() -> None:
             "cdna4-1400w": "mi355x",
             "tpu": "tpu-v5p",
             "trainium": "trn1",
-            "gaudi2": "gaudi2",
+            "gaudi": "gaudi2",
         }[gen]
         assert calibrated_kappa(stored, stack) == pytest.approx(fit.kappa, abs=2e-3), (stack, gen)
         for name in fit.rows:
@@ -255,7 +255,7 @@ def test_tpu_and_trainium_take_their_native_stack() -> None:
 
 
 def test_uncalibrated_devices_say_so() -> None:
-    e = est("gaudi3", 8, Layout(dp=8, zero=3), Recipe(seq_len=2048, global_batch=8))
+    e = est("mi250x", 8, Layout(dp=8, zero=3), Recipe(seq_len=2048, global_batch=8))
     assert e.time.kappa == 1.0
     assert any("no calibrated" in n for n in e.time.notes)
     assert math.isfinite(e.time.step_s)

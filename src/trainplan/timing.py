@@ -109,7 +109,8 @@ GENERATION: Final[dict[str, str]] = {
     "trn2": "trainium",
     "trn2-ultraserver": "trainium",
     "trn3": "trainium",
-    "gaudi2": "gaudi2",
+    "gaudi2": "gaudi",
+    "gaudi3": "gaudi",
 }
 """Accelerator generations: the unit of the calibrated κ (and, for NVIDIA, of the attention-kernel
 efficiency, ``attention.toml``). NVIDIA GPUs by architecture. AMD GPUs by architecture and board power: the MI300X
@@ -119,9 +120,10 @@ sustained clocks under load, which κ carries, differ with the power envelope (t
 has no training run here). Google TPUs and AWS Trainium chips as one generation
 each, because their κ measures a compiler stack (XLA, Neuron) rather than one chip: it is fitted
 on TPU v5p / v6e and on Trn1 runs and used for every chip of the family (the kernel efficiencies
-stay per chip, ``efficiency.toml``). Intel Gaudi 2 is its own generation, fitted on Intel's
-Megatron-DeepSpeed runs; Gaudi 3 has no published training run with its configuration and stays
-without a κ. The GA102 parts (RTX A6000, RTX 3090, A10G; sm_86) take the
+stay per chip, ``efficiency.toml``). Intel Gaudi chips likewise form one generation: their κ
+measures Intel's Gaudi software stack (graph compiler, Megatron-DeepSpeed), fitted on Intel's
+published Gaudi 2 runs and used for Gaudi 3, which has no published training run with its
+configuration (its kernel efficiencies stay its own). The GA102 parts (RTX A6000, RTX 3090, A10G; sm_86) take the
 Ampere κ and attention curves of the GA100 A100 (sm_80): the same CUDA 11 / cuBLAS / FlashAttention
 Ampere kernels, a different die (:data:`OTHER_DIE`). The V100 (Volta) has no generation: no κ, no
 attention curve, uncalibrated."""

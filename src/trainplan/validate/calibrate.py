@@ -24,8 +24,8 @@ and pipeline bubbles do not blur the compute term —
     maxtext   tpu        MaxText on one TPU slice: Llama 3.1 8B on v6e-256, Llama 2 70B and the
                          32B reference model on v5p (XLA on TPU; every TPU generation)
     neuron    trainium   NeuronX Distributed Llama 2 7B on 16 trn1.32xlarge (every Trainium chip)
-    megatron  gaudi2     Intel Gaudi Megatron-DeepSpeed, FP8, one node of 8 Gaudi 2: Llama 2 7B and
-                         Llama 3.1 8B (Intel's Gaudi 2 model performance page)
+    megatron  gaudi      Intel Gaudi Megatron-DeepSpeed, FP8, one node of 8 Gaudi 2: Llama 2 7B and
+                         Llama 3.1 8B (Intel's Gaudi 2 model performance page; every Gaudi chip)
 
 AMD publishes no pre-training run with its full configuration in the package: its κ is fitted on
 MLPerf LoRA fine-tuning, one node each. On TPU and Trainium no single-node run is published: the calibration rows are the smallest
@@ -84,7 +84,7 @@ CALIBRATION_SETS: dict[tuple[str, str], tuple[tuple[str, Callable[[TimingRow], b
     ),
     ("maxtext", "tpu"): (("maxtext_tpu", lambda r: r.split == "calibrate"),),
     ("neuron", "trainium"): (("neuron_trn1", lambda r: r.split == "calibrate"),),
-    ("megatron", "gaudi2"): (("gaudi2_megatron_deepspeed", lambda r: r.split == "calibrate"),),
+    ("megatron", "gaudi"): (("gaudi2_megatron_deepspeed", lambda r: r.split == "calibrate"),),
 }
 """(stack, generation) -> the datasets and rows κ is fitted on (the calibration split)."""
 
