@@ -6,10 +6,11 @@
    --markdown docs/validation.md`` (the bands are read by every later output);
 2. the engines table in docs/engines.md (``trainplan.engines.engines_markdown``);
 3. the input fields table in docs/api.md (``trainplan.inputs.fields_markdown``);
-4. the example outputs in README.md and docs/*.md (``scripts/docs_examples.py --write``).
+4. the entries, offerings and unpriced tables in docs/hardware.md (``trainplan.hardware.render``);
+5. the example outputs in README.md and docs/*.md (``scripts/docs_examples.py --write``).
 
 Each has a test that fails when the committed text differs from a regeneration (tests/test_bands.py,
-tests/test_engines.py, tests/test_api.py, tests/test_docs_examples.py).
+tests/test_engines.py, tests/test_api.py, tests/test_hardware.py, tests/test_docs_examples.py).
 """
 
 from __future__ import annotations
@@ -74,6 +75,22 @@ def main() -> int:
         inputs.fields_markdown(),
     )
     print(f"docs/api.md fields table {'rewritten' if changed else 'unchanged'}")
+    from trainplan.hardware import render
+    from trainplan.hardware.catalog import builtin_accelerators
+
+    accs = builtin_accelerators()
+    for table, build in (
+        ("entries", render.entries_markdown),
+        ("offerings", render.offerings_markdown),
+        ("unpriced", render.unpriced_markdown),
+    ):
+        changed = replace_between(
+            ROOT / "docs" / "hardware.md",
+            f"<!-- {table}: generated -->",
+            f"<!-- end of {table} -->",
+            build(accs),
+        )
+        print(f"docs/hardware.md {table} table {'rewritten' if changed else 'unchanged'}")
     return subprocess.run(
         [python, str(ROOT / "scripts" / "docs_examples.py"), "--write"], cwd=ROOT, check=False
     ).returncode

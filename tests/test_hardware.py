@@ -403,3 +403,19 @@ def test_ga102_cards_take_the_ampere_software_but_no_calibrated_band() -> None:
     assert rtx3090.peak_flops["bf16"] == pytest.approx(2 * rtx3090.peak_flops["tf32"], rel=0.01)
     assert rtx3090.peak_flops["bf16"] < a6000.peak_flops["bf16"] / 2
     assert a6000.scale_up.domain_size == 2 and a6000.scale_up.bandwidth_bytes_per_s == pytest.approx(56.25e9)
+
+
+@pytest.mark.parametrize("table", ["entries", "offerings", "unpriced"])
+def test_docs_hardware_tables_are_current(table: str) -> None:
+    """docs/hardware.md's catalog tables equal their generator (scripts/regenerate.py rewrites them)."""
+    from pathlib import Path
+
+    from trainplan.hardware import render
+    from trainplan.hardware.catalog import builtin_accelerators
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "hardware.md").read_text(encoding="utf-8")
+    committed = text.split(f"<!-- {table}: generated -->\n", 1)[1].split(f"<!-- end of {table} -->", 1)[0]
+    build = getattr(render, f"{table}_markdown")
+    assert committed == build(builtin_accelerators()), (
+        f"docs/hardware.md's {table} table is out of date: run python scripts/regenerate.py"
+    )

@@ -219,3 +219,49 @@ def render_show(acc: Accelerator) -> str:
         lines.extend(f"  - {note}" for note in acc.notes)
     lines.append("Units: GB = 1e9 bytes, GiB = 2^30 bytes, TB/s = 1e12 bytes/s.")
     return "\n".join(lines)
+
+
+def entries_markdown(accs: Sequence[Accelerator]) -> str:
+    """The catalog's entries as a Markdown table (docs/hardware.md): name, device, status, memory in
+    GB (usable / nominal where the two differ) and aliases, in catalog order."""
+    lines = ["| name | device | status | memory GB (usable/nominal) | aliases |", "|---|---|---|---|---|"]
+    for acc in accs:
+        mem = f"{acc.capacity_bytes / GB:.0f}"
+        if acc.usable_memory_bytes is not None:
+            mem += f" / {acc.memory_bytes / GB:.0f}"
+        lines.append(
+            f"| `{acc.name}` | {acc.display_name} | {acc.status} | {mem} | {', '.join(acc.aliases)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def offerings_markdown(accs: Sequence[Accelerator]) -> str:
+    """Every dated rental offering as a Markdown table (docs/hardware.md), by accelerator, then kind
+    and price; ``default`` marks the one :func:`trainplan.hardware.prices.default_offering` picks."""
+    lines = [
+        "| name | provider | kind | instance | $/device-h | date | default |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for acc in accs:
+        chosen = acc.cheapest_offering()
+        for offer in sorted(acc.cloud, key=lambda o: (o.kind, o.usd_per_device_hour)):
+            mark = "yes" if offer is chosen else ""
+            lines.append(
+                f"| `{acc.name}` | {offer.provider} | {offer.kind} | {offer.instance} | "
+                f"{offer.usd_per_device_hour:.3f} | {offer.date} | {mark} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def unpriced_markdown(accs: Sequence[Accelerator]) -> str:
+    """The accelerators without a rental offering (docs/hardware.md): status, the dated purchase
+    price where there is one, and the entry's own ``sources.price`` saying why there is no rental
+    price."""
+    lines = ["| name | status | dated purchase price | why there is no rental price |", "|---|---|---|---|"]
+    for acc in accs:
+        if acc.cloud:
+            continue
+        bought = acc.purchase
+        price = "—" if bought is None else f"${bought.usd_per_device:,.0f} ({bought.date})"
+        lines.append(f"| `{acc.name}` | {acc.status} | {price} | {acc.sources.get('price', '—')} |")
+    return "\n".join(lines) + "\n"
