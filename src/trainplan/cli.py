@@ -317,11 +317,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
-        print(render_text(results, rows=args.rows))
+        print(render_text(results, rows=args.rows, history=not args.dataset))
     if args.markdown:
         from trainplan.export import write_text
 
-        write_text(args.markdown, render_markdown(results), field="markdown")
+        write_text(args.markdown, render_markdown(results, history=not args.dataset), field="markdown")
     if args.bands:
         from trainplan.validate.bands import render_bands_text, write_table
 

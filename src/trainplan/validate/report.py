@@ -219,7 +219,9 @@ def render_family_markdown(results: list[DatasetResult]) -> list[str]:
     return out
 
 
-def render_text(results: list[DatasetResult], *, rows: bool = False) -> str:
+def render_text(results: list[DatasetResult], *, rows: bool = False, history: bool = False) -> str:
+    """The summary table and the per-family summary; with ``history`` (a run of every dataset),
+    the model changes before → now (:mod:`trainplan.validate.history`)."""
     lines = [
         f"{'dataset':28s} {'rows':>5s} {'scored':>6s} {'MAPE':>7s} {'bias':>7s} {'bound':>6s} {'target':>6s}  verdict"
     ]
@@ -244,10 +246,14 @@ def render_text(results: list[DatasetResult], *, rows: bool = False) -> str:
             f"MAPE {_pct_or_dash(f.validation_mape):>6s}   calibration {f.calibration_rows:3d} rows "
             f"fit {_pct_or_dash(f.calibration_mape):>6s}"
         )
+    if history:
+        from trainplan.validate.history import render_text as history_text
+
+        lines += history_text(results)
     return "\n".join(lines)
 
 
-def render_markdown(results: list[DatasetResult]) -> str:
+def render_markdown(results: list[DatasetResult], *, history: bool = True) -> str:
     out = [
         "# Validation report",
         "",
@@ -268,6 +274,10 @@ def render_markdown(results: list[DatasetResult]) -> str:
             f"{100 * res.bound:.0f}% | {_target(res.name)} | {'pass' if res.passed else 'FAIL'}{_target_note(res)} |"
         )
     out += render_family_markdown(results)
+    if history:
+        from trainplan.validate.history import render_markdown as history_markdown
+
+        out += history_markdown(results)
     for res in results:
         out += [
             "",
