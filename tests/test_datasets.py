@@ -473,6 +473,7 @@ def test_recipe_columns_default_where_absent() -> None:
     with_recipe = {
         "torchtune_throughput",
         "mlperf51_llama2_70b_lora",
+        "mlperf51_llama31_8b",
         "maxtext_tpu",
         "neuron_trn1",
         "gaudi2_megatron_deepspeed",
@@ -633,6 +634,27 @@ def test_mlperf_lora_rows_recompute_from_their_logs() -> None:
         else:
             assert r.measured_step_s is not None and "train_loss" in r.derivation, r.name
         assert "mlcommons/training_results_v5.1" in r.source
+
+
+def test_mlperf_llama31_8b_rows_recompute_from_their_logs() -> None:
+    """Full pretraining on one node of 8 AMD accelerators: step time = 32 sequences / logged samples
+    per second; every row only judges the model (the AMD kappa is fitted on the LoRA rows)."""
+    rows = ALL["mlperf51_llama31_8b"]
+    assert {r.hardware for r in rows if isinstance(r, TimingRow)} == {"mi350x", "mi355x"}
+    for r in rows:
+        assert isinstance(r, TimingRow)
+        assert (r.num_devices, r.dp, r.global_batch, r.seq_len, r.method, r.precision, r.split) == (
+            8,
+            8,
+            32,
+            8192,
+            "full",
+            "fp8",
+            "validate",
+        )
+        assert r.measured_tokens_per_s is not None and r.step_s is not None
+        assert r.step_s == pytest.approx(32 * 8192 / r.measured_tokens_per_s, rel=1e-5), r.name
+        assert "llama31_8b/result_0.txt" in r.source and "mlcommons/training_results_v5.1" in r.source
 
 
 def test_llmfoundry_rows_run_the_triton_attention_kernel_they_state() -> None:
