@@ -530,3 +530,39 @@ def test_early_stop_skips_the_recomputed_down_projection_reduction() -> None:
     assert a["tp_recompute_reduce_scatter"] - b["tp_recompute_reduce_scatter"] == spec.num_layers * 2
     assert a["tp_recompute_all_gather"] == b["tp_recompute_all_gather"]
     assert a["tp_forward_reduce_scatter"] == b["tp_forward_reduce_scatter"]
+
+
+def test_zero1_regathers_only_the_trainable_parameters() -> None:
+    """ZeRO-1/2 all-gather the parameters the optimizer step changed: with frozen base weights
+    (PEFT) only the adapters, with full training every weight; gradients follow the same count."""
+    spec = ModelSpec(
+        name="dense",
+        family="llama",
+        num_layers=8,
+        hidden_size=1024,
+        num_heads=16,
+        num_kv_heads=4,
+        head_dim=64,
+        ffn_hidden=4096,
+        vocab_size=32000,
+    )
+    layout = Layout(dp=8, zero=1)
+    system = FakeSystem(num_devices=8)
+    recipe = Recipe(seq_len=2048, micro_batch=1, global_batch=8)
+
+    def buffers(trainable: float | None) -> dict[str, float]:
+        cols = C.step_collectives(
+            spec,
+            recipe,
+            layout,
+            C.network_from_system(system),
+            C.group_placement(layout, system),
+            dense_params=1e9,
+            trainable_dense_params=trainable,
+        )
+        return {c.name: c.buffer_bytes for c in cols}
+
+    full, peft = buffers(None), buffers(1e7)
+    assert full["dp_param_all_gather"] == pytest.approx(1e9 * 2)  # bf16 weights
+    assert peft["dp_param_all_gather"] == pytest.approx(1e7 * 2)
+    assert peft["dp_param_all_gather"] == pytest.approx(peft["dp_grad_reduce_scatter"])

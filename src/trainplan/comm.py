@@ -796,17 +796,21 @@ def data_parallel_traffic(
     regather_for_recompute: Bool = False,
     vector_units: Int = 0,
     vector_fraction: Num = 0.0,
+    updated_param_bytes: Num | None = None,
 ) -> tuple[Traffic, ...]:
     """Gradient / parameter traffic of data parallelism on one device per step.
 
     ``param_bytes``: the device's (tp/pp/ep-sharded but not ZeRO-sharded) weights in their storage
-    dtype; ``grad_bytes``: its trainable gradients (PEFT: adapters only). Per ZeRO stage
-    (Rajbhandari et al. 2020, Sec. 5 and 7):
+    dtype; ``grad_bytes``: its trainable gradients (PEFT: adapters only); ``updated_param_bytes``:
+    the weights the optimizer step changes (None: all of ``param_bytes``; PEFT: the adapters, since
+    frozen weights are never sharded by ZeRO-1/2 and never re-gathered, Megatron-Core
+    ``DistributedOptimizer`` builds its buffers from the parameters with ``requires_grad`` only).
+    Per ZeRO stage (Rajbhandari et al. 2020, Sec. 5 and 7):
 
     * 0 (DDP): all-reduce of the gradients once per step, bucketed behind backward (Li et al. 2020,
       PyTorch DDP, Sec. 3.2): 2Ψ.
     * 1: reduce-scatter of gradients once per step (behind backward) + all-gather of the updated
-      parameters after the optimizer step (exposed unless ``overlap_param_gather``, as Megatron's
+      (trainable) parameters after the optimizer step (exposed unless ``overlap_param_gather``, as Megatron's
       ``--overlap-param-gather`` hides it behind the next forward): 2Ψ.
     * 2: as 1, but gradients are partitioned, so they are reduce-scattered every micro-batch.
     * 3 (FSDP FULL_SHARD): all-gather of the parameters before each micro-batch's forward and again
@@ -913,7 +917,7 @@ def data_parallel_traffic(
         "param_all_gather",
         "all_gather",
         "forward" if overlap_param_gather else "none",
-        param_bytes,
+        param_bytes if updated_param_bytes is None else updated_param_bytes,
         where(z12, 1, 0),
     )
     gather3("forward", "none" if per_param else "forward", calls3)
@@ -1345,6 +1349,14 @@ def step_traffic(
         zero=x.zero,
         param_bytes=x.dense_params / tpp * w if sized else 0.0,
         grad_bytes=x.trainable_dense_params / tpp * e if sized else 0.0,
+        # PEFT (trainable < dense): ZeRO-1/2 re-gather only the adapters, in the weight dtype
+        updated_param_bytes=where(
+            x.trainable_dense_params < x.dense_params,
+            x.trainable_dense_params / tpp * e,
+            x.dense_params / tpp * w,
+        )
+        if sized
+        else 0.0,
         micro_batches=m,
         shard_size=shard,
         overlap_param_gather=x.overlap_param_gather,
@@ -1360,6 +1372,13 @@ def step_traffic(
             zero=x.zero,
             param_bytes=x.expert_params / tppe * w if sized else 0.0,
             grad_bytes=x.trainable_expert_params / tppe * e if sized else 0.0,
+            updated_param_bytes=where(
+                x.trainable_expert_params < x.expert_params,
+                x.trainable_expert_params / tppe * e,
+                x.expert_params / tppe * w,
+            )
+            if sized
+            else 0.0,
             micro_batches=m,
             shard_size=shard // ep,
             group="expert_dp",
