@@ -6,8 +6,9 @@
    --markdown docs/validation.md`` (the bands are read by every later output);
 2. the engines table in docs/engines.md (``trainplan.engines.engines_markdown``);
 3. the input fields table in docs/api.md (``trainplan.inputs.fields_markdown``);
-4. the entries, offerings and unpriced tables in docs/hardware.md (``trainplan.hardware.render``);
-5. the example outputs in README.md and docs/*.md (``scripts/docs_examples.py --write``).
+4. the κ column of docs/timing.md's calibration table (``validate.calibrate.rewrite_kappa_cells``);
+5. the entries, offerings and unpriced tables in docs/hardware.md (``trainplan.hardware.render``);
+6. the example outputs in README.md and docs/*.md (``scripts/docs_examples.py --write``).
 
 Each has a test that fails when the committed text differs from a regeneration (tests/test_bands.py,
 tests/test_engines.py, tests/test_api.py, tests/test_hardware.py, tests/test_docs_examples.py).
@@ -75,6 +76,15 @@ def main() -> int:
         inputs.fields_markdown(),
     )
     print(f"docs/api.md fields table {'rewritten' if changed else 'unchanged'}")
+    from trainplan.validate.calibrate import rewrite_kappa_cells
+
+    timing_md = ROOT / "docs" / "timing.md"
+    text = timing_md.read_text(encoding="utf-8")
+    table = text.split("<!-- kappa: generated -->\n", 1)[1].split("<!-- end of kappa -->", 1)[0]
+    changed = replace_between(
+        timing_md, "<!-- kappa: generated -->", "<!-- end of kappa -->", rewrite_kappa_cells(table)
+    )
+    print(f"docs/timing.md kappa column {'rewritten' if changed else 'unchanged'}")
     from trainplan.hardware import render
     from trainplan.hardware.catalog import builtin_accelerators
 

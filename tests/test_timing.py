@@ -527,3 +527,15 @@ def test_seed_claims_follow_from_the_numbers() -> None:
     assert ft.verdict.startswith("partly refuted") and "8× mi300x" in ft.verdict
     assert "20.78 PFLOP/s" in " ".join(claims.trn2_instance().evidence)
     assert claims.qlora_7b_on_rtx4090().verdict == "reproduced"
+
+
+def test_docs_kappa_table_quotes_calibration_toml() -> None:
+    """docs/timing.md's κ column equals calibration.toml (scripts/regenerate.py rewrites it)."""
+    from pathlib import Path
+
+    from trainplan.validate.calibrate import rewrite_kappa_cells
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "timing.md").read_text(encoding="utf-8")
+    table = text.split("<!-- kappa: generated -->\n", 1)[1].split("<!-- end of kappa -->", 1)[0]
+    assert table.count("\n| ") >= 10
+    assert table == rewrite_kappa_cells(table), "docs/timing.md's κ column is stale: run python scripts/regenerate.py"

@@ -229,3 +229,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _generation_key(cell: str) -> str:
+    """``"CDNA 3, 1,000 W (MI325X)"`` -> ``"cdna31000w"``, the generation name without punctuation."""
+    return "".join(ch for ch in cell.split("(", 1)[0].lower() if ch.isalnum())
+
+
+def rewrite_kappa_cells(table: str) -> str:
+    """docs/timing.md's κ table (``| stack | generation | calibration rows | κ |`` rows) with each
+    κ cell set from ``calibration.toml``; a row whose (stack, generation) has no κ is an error."""
+    from trainplan.timing import _calibration
+
+    fitted = {
+        (stack, "".join(ch for ch in name if ch.isalnum())): k for (stack, name), k in _calibration().items()
+    }
+    out = []
+    for line in table.split("\n"):
+        cells = line.split(" | ")
+        if len(cells) == 4 and line.startswith("| ") and not line.startswith(("| stack", "|---")):
+            key = (cells[0][2:].strip(), _generation_key(cells[1]))
+            if key not in fitted:
+                raise ValueError(f"docs/timing.md κ table: no κ in calibration.toml for {key}")
+            cells[3] = f"{fitted[key]:.3f} |"
+            line = " | ".join(cells)
+        out.append(line)
+    return "\n".join(out)
