@@ -40,7 +40,7 @@ TODAY = datetime.date(2026, 12, 1)
 # accelerator may join it (a new catalog entry comes with a dated price or, announced, the marker).
 PRICE_GAPS = {
     "gb300", "h800", "mi250x", "mi350x", "mi355x", "tpu-v7", "trn2", "trn3", "trn2-ultraserver",
-    "gaudi2", "wse-3", "rtx-a6000",
+    "gaudi2", "wse-3",
 }  # fmt: skip
 
 # Accelerators with no dated per-hour rental price (a purchase price at most): estimates and plans
