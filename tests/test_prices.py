@@ -39,13 +39,13 @@ TODAY = datetime.date(2026, 12, 1)
 # each says so in ``sources.price`` (rtx-a6000: RunPod serverless and RunComfy list it undated). The set is held exactly: a price found removes a name, and no
 # accelerator may join it (a new catalog entry comes with a dated price or, announced, the marker).
 PRICE_GAPS = {
-    "gb300", "h800", "mi250x", "mi350x", "mi355x", "tpu-v7", "trn2", "trn3", "trn2-ultraserver",
-    "gaudi2", "wse-3",
+    "gb300", "h800", "mi250x", "mi350x", "mi355x", "tpu-v7", "trn3", "trn2-ultraserver",
+    "wse-3",
 }  # fmt: skip
 
 # Accelerators with no dated per-hour rental price (a purchase price at most): estimates and plans
 # need --price for them.
-UNRENTED = PRICE_GAPS | {"vr200", "mi455x", "h20", "a800", "gaudi3"}
+UNRENTED = PRICE_GAPS | {"vr200", "mi455x", "h20", "a800"}
 
 
 @pytest.mark.parametrize("acc", builtin_accelerators(), ids=lambda a: a.name)
