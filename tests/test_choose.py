@@ -97,3 +97,13 @@ def test_plan_rows_name_their_price_source() -> None:
     for p in result.plans:  # the catalog's offering is named with its date
         if p.estimate.system.accelerator.name == "h100-sxm":
             assert "(20" in (p.estimate.run.price_source or "")
+
+
+def test_choose_describes_its_own_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """The table holds each accelerator's fastest plan plus the cheapest picks: it says so, and does not
+    repeat the cost planner's "one row per accelerator" note, which an extra cheapest row would contradict."""
+    out = _choose(capsys)
+    notes = out["notes"]
+    assert isinstance(notes, list)
+    assert not any(str(n).startswith("objective cost:") for n in notes)
+    assert any(str(n).startswith("table: each accelerator's fastest plan") for n in notes)

@@ -317,7 +317,16 @@ def choose(
         fastest=fastest,
         cheapest=cheapest,
         to_buy=to_buy,
-        notes=tuple(dict.fromkeys((*by_time.notes, *by_cost.notes))),
+        notes=tuple(
+            dict.fromkeys(
+                (
+                    # the planner's own table notes describe its tables, not this one
+                    *(n for n in (*by_time.notes, *by_cost.notes) if not n.startswith("objective cost:")),
+                    "table: each accelerator's fastest plan within the constraints, then the cheapest to rent "
+                    "and the cheapest to own where those are other plans",
+                )
+            )
+        ),
     )
 
 
