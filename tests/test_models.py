@@ -553,3 +553,18 @@ def test_opt_350m_embedding_projection_is_counted_exactly() -> None:
     # removing the final norm alone keeps every other count
     no_norm = from_hf_config({**OPT_1_3B_CONFIG, "_remove_final_layer_norm": True}, "no-final")
     assert count_params(no_norm).total == 1_315_758_080 - 2 * 2048
+
+
+def test_presets_parsed_one_table_at_a_time_equal_the_whole_file() -> None:
+    """Each preset parsed from its own table's text equals the same table of the whole file."""
+    import tomllib
+    from importlib import resources
+
+    from trainplan.models.presets import _preset_entry, preset_names
+
+    whole = tomllib.loads(
+        resources.files("trainplan.models.data").joinpath("presets.toml").read_text(encoding="utf-8")
+    )
+    assert preset_names() == list(whole)
+    for name in whole:
+        assert _preset_entry(name) == whole[name], name
