@@ -34,9 +34,10 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Final
+from typing import Any, Final
 
 from trainplan.errors import TrainplanError
 from trainplan.validate.timing import DatasetResult, RowResult
@@ -101,15 +102,31 @@ _INT = (
 )
 
 
+def _csv_rows(file: str) -> list[dict[str, str]]:
+    """The rows of ``data/<file>`` as column -> text."""
+    text = resources.files("trainplan.validate").joinpath("data", file).read_text(encoding="utf-8")
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def _identity(c: Mapping[str, str]) -> dict[str, Any]:
+    """The columns every RLHF row carries as they stand: its name, dataset, split, verification,
+    metric, published value, source and notes."""
+    return {
+        "name": c["name"],
+        "dataset": c["dataset"],
+        "split": c["split"],
+        "verification": c["verification"],
+        "metric": c["metric"],
+        "published": float(c["published"]),
+        "source": c["source"],
+        "notes": c["notes"],
+    }
+
+
 def rows() -> list[RLHFRow]:
     """Every row of ``data/rlhf_colocated.csv``."""
-    text = (
-        resources.files("trainplan.validate")
-        .joinpath("data", "rlhf_colocated.csv")
-        .read_text(encoding="utf-8")
-    )
     out: list[RLHFRow] = []
-    for c in csv.DictReader(io.StringIO(text)):
+    for c in _csv_rows("rlhf_colocated.csv"):
         fields: dict[str, object] = {
             "method": "ppo",
             "hardware": c["hardware"],
@@ -134,16 +151,9 @@ def rows() -> list[RLHFRow]:
             fields["critic_offload"] = c["critic_offload"]
         out.append(
             RLHFRow(
-                name=c["name"],
-                dataset=c["dataset"],
-                split=c["split"],
-                verification=c["verification"],
-                metric=c["metric"],
-                published=float(c["published"]),
+                **_identity(c),
                 fields={**fields, "model": c["model"]},
                 scale_up_bytes_per_s=float(c["scale_up_bytes_per_s"]) if c["scale_up_bytes_per_s"] else None,
-                source=c["source"],
-                notes=c["notes"],
             )
         )
     return out
@@ -178,13 +188,8 @@ def epoch_rows() -> list[EpochRow]:
     (batched ``torch.bmm`` of queries and keys, softmax, ``torch.bmm`` with values; v4.28,
     https://github.com/huggingface/transformers/blob/v4.28.1/src/transformers/models/opt/modeling_opt.py),
     which also runs on the V100, where FlashAttention does not."""
-    text = (
-        resources.files("trainplan.validate")
-        .joinpath("data", "rlhf_deepspeed_chat.csv")
-        .read_text(encoding="utf-8")
-    )
     out: list[EpochRow] = []
-    for c in csv.DictReader(io.StringIO(text)):
+    for c in _csv_rows("rlhf_deepspeed_chat.csv"):
         prompt, gen = int(c["prompt_len"]), int(c["gen_len"])
         fields: dict[str, object] = {
             "method": "ppo",
@@ -208,17 +213,10 @@ def epoch_rows() -> list[EpochRow]:
             fields["rollout_tp"] = int(c["rollout_tp"])
         out.append(
             EpochRow(
-                name=c["name"],
-                dataset=c["dataset"],
-                split=c["split"],
-                verification=c["verification"],
-                metric=c["metric"],
-                published=float(c["published"]),
+                **_identity(c),
                 fields=fields,
                 samples=int(c["samples"]),
                 cap_prompts=int(c["cap_prompts"]),
-                source=c["source"],
-                notes=c["notes"],
             )
         )
     return out
@@ -301,11 +299,8 @@ def nemo_rows() -> list[RLHFRow]:
     ``--response-len-mean``. The mean prompt is not published: it is the tokens the table's
     Tokens/sec/GPU counts per sample (× GPUs × step time / samples) less the mean response. The
     1-step off-policy rows overlap generation with training, which is not modelled: not included."""
-    text = (
-        resources.files("trainplan.validate").joinpath("data", "rlhf_nemo_rl.csv").read_text(encoding="utf-8")
-    )
     out: list[RLHFRow] = []
-    for c in csv.DictReader(io.StringIO(text)):
+    for c in _csv_rows("rlhf_nemo_rl.csv"):
         seq, prompt = int(c["seq_len"]), int(c["prompt_len"])
         fields: dict[str, object] = {
             "method": "grpo",
@@ -335,16 +330,9 @@ def nemo_rows() -> list[RLHFRow]:
             fields["ep"] = int(c["ep"])
         out.append(
             RLHFRow(
-                name=c["name"],
-                dataset=c["dataset"],
-                split=c["split"],
-                verification=c["verification"],
-                metric=c["metric"],
-                published=float(c["published"]),
+                **_identity(c),
                 fields=fields,
                 scale_up_bytes_per_s=None,
-                source=c["source"],
-                notes=c["notes"],
             )
         )
     return out
