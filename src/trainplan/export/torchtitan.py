@@ -267,6 +267,25 @@ def _cannot_build(model: ModelSpec, what: str, target: str = TARGET, others: str
     )
 
 
+def check_kernels(recipe: Recipe, target: str, attention_kernels: str) -> None:
+    """What no torchtitan release's models run, refused for ``target``: eager attention (its models
+    call ``attention_kernels``), dropout (none of its models has it) and bitsandbytes paged
+    optimizers."""
+    if recipe.attention != "flash":
+        raise unsupported(
+            target,
+            "attention",
+            f"eager attention (its models call {attention_kernels})",
+            "plan with --attention flash",
+        )
+    if recipe.dropout:
+        raise unsupported(target, "dropout", "dropout (its models have none)", "plan with --dropout 0")
+    if recipe.paged_optimizer:
+        raise unsupported(
+            target, "paged_optimizer", "bitsandbytes paged optimizers", "drop --paged-optimizer"
+        )
+
+
 def check_architecture(model: ModelSpec, recipe: Recipe, target: str = TARGET, others: str = _OTHERS) -> None:
     """Refuse, naming the difference, a model that torchtitan's llama3 / qwen3 blocks cannot
     build: both releases (0.2.2 and 0.3.0) share these blocks (pre-norm RMSNorm, SwiGLU, RoPE,
@@ -591,21 +610,9 @@ def build_config(
             "export a LoRA plan to torchtitan (its 0.3.0 config), or export to deepspeed or accelerate "
             "and apply PEFT in the training script",
         )
-    if recipe.attention != "flash":
-        raise unsupported(
-            TARGET,
-            "attention",
-            "eager attention (its models call SDPA/flex attention kernels)",
-            "plan with --attention flash",
-        )
-    if recipe.dropout:
-        raise unsupported(TARGET, "dropout", "dropout (its models have none)", "plan with --dropout 0")
+    check_kernels(recipe, TARGET, "SDPA/flex attention kernels")
     if recipe.loss_chunks != 1:
         raise unsupported(TARGET, "loss_chunks", "chunked cross-entropy", "plan with --loss-chunks 1")
-    if recipe.paged_optimizer:
-        raise unsupported(
-            TARGET, "paged_optimizer", "bitsandbytes paged optimizers", "drop --paged-optimizer"
-        )
     optimizer = {"adamw": "AdamW"}.get(recipe.optimizer)
     if optimizer is None:
         raise unsupported(

@@ -144,19 +144,7 @@ def _check(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
             "_build_llama3_layers, has neither)",
             "export to deepspeed or accelerate (PEFT)",
         )
-    if recipe.attention != "flash":
-        raise unsupported(
-            TARGET,
-            "attention",
-            "eager attention (its models call flex attention)",
-            "plan with --attention flash",
-        )
-    if recipe.dropout:
-        raise unsupported(TARGET, "dropout", "dropout (its models have none)", "plan with --dropout 0")
-    if recipe.paged_optimizer:
-        raise unsupported(
-            TARGET, "paged_optimizer", "bitsandbytes paged optimizers", "drop --paged-optimizer"
-        )
+    tt.check_kernels(recipe, TARGET, "flex attention")
     if recipe.optimizer != "adamw":
         raise unsupported(
             TARGET,
