@@ -27,7 +27,7 @@ from trainplan.errors import TrainplanError
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.ownership import Ownership, default_node_price
 from trainplan.planner.command import layout_cell
-from trainplan.planner.search import Plan, PlanResult
+from trainplan.planner.search import COST_TABLE_NOTE, Plan, PlanResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -321,7 +321,7 @@ def choose(
             dict.fromkeys(
                 (
                     # the planner's own table notes describe its tables, not this one
-                    *(n for n in (*by_time.notes, *by_cost.notes) if not n.startswith("objective cost:")),
+                    *(n for n in (*by_time.notes, *by_cost.notes) if n != COST_TABLE_NOTE),
                     "table: each accelerator's fastest plan within the constraints, then the cheapest to rent "
                     "and the cheapest to own where those are other plans",
                 )

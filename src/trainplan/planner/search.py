@@ -106,6 +106,13 @@ class SearchSpace:
                 raise TrainplanError("zero", f"ZeRO stage must be 0-3, got {z}")
 
 
+COST_TABLE_NOTE = (
+    "objective cost: one row per accelerator, its cheapest plan, ranked by cost "
+    "(the time–cost Pareto front lists the alternatives)"
+)
+"""What a cost-objective comparison says of its own table (a caller that builds another table drops it)."""
+
+
 def default_global_batch(recipe: Recipe) -> int:
     """~4M tokens for pre-training (a power of two of sequences), 128 sequences otherwise."""
     if recipe.method == "pretrain":
@@ -1194,10 +1201,7 @@ def plan(
     if unpriced:
         notes.append(_unpriced_note(accs, acc_prices, price_query))
     if objective == "cost":
-        notes.append(
-            "objective cost: one row per accelerator, its cheapest plan, ranked by cost "
-            "(the time–cost Pareto front lists the alternatives)"
-        )
+        notes.append(COST_TABLE_NOTE)
     notes.extend(_rounded_batch_notes(int(base.global_batch or 0), [*plans, *([closest] if closest else [])]))
     stats = SearchStats(
         candidates=len(cand),
