@@ -156,8 +156,7 @@ def render_text(results: Sequence[DatasetResult]) -> list[str]:
 
 
 def render_markdown(results: Sequence[DatasetResult]) -> list[str]:
-    _, changes = load()
-    baselines, _ = load()
+    baselines, changes = load()
     out = [
         "",
         "## Model changes: before → now",
