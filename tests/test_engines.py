@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import pytest
@@ -165,6 +166,37 @@ def test_every_engine_setting_has_a_version_and_a_source() -> None:
         for name, setting in settings.items():
             assert setting.source.strip(), f"{engine.name}.{name} names no source"
         assert engine.export_target is not None or engine.export_note, engine.name
+
+
+def test_nemo_engine_states_the_bridge_release_the_export_writes() -> None:
+    """The nemo engine's version and every Megatron Bridge / Megatron-Core file it cites are the
+    release ``trainplan export --to nemo`` writes a recipe for (and whose field lists it copies)."""
+    from trainplan.export import nemo
+
+    engine = get_engine("nemo")
+    assert engine.export_target == nemo.TARGET
+    assert engine.version == f"Megatron Bridge {nemo.VERSION} (Megatron-Core {nemo.MCORE_VERSION})"
+    assert nemo.schema()["versions"] == {"megatron-bridge": nemo.VERSION, "megatron-core": nemo.MCORE_VERSION}
+    cited = {**engine.settings(), **engine.capabilities()}
+    for name, setting in cited.items():
+        # each repository named is named at the export's release
+        bridge = re.findall(r"NVIDIA-NeMo/Megatron-Bridge ([^\s)]+)", setting.source)
+        assert set(bridge) <= {f"v{nemo.VERSION}"}, (name, bridge)
+        core = re.findall(r"NVIDIA/Megatron-LM ([^\s)]+)", setting.source)
+        assert set(core) <= {f"core_v{nemo.MCORE_VERSION}"}, (name, core)
+    bridge_cited = [n for n, s in cited.items() if "Megatron-Bridge" in s.source or "Megatron-LM" in s.source]
+    assert set(bridge_cited) >= {
+        "stack",
+        "recompute_early_stop",
+        "zero3_granularity",
+        "overlap_grad_reduce",
+        "tp_comm_overlap",
+        "pp_comm_overlap",
+        "grad_accumulation",
+        "softmax_fp32",
+        "recomputes",
+        "zero_stages",
+    }
 
 
 def test_default_engine_keeps_the_layout_and_recipe_defaults() -> None:

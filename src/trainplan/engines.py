@@ -19,8 +19,8 @@ Importing this module imports nothing beyond the standard library and the typed 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Final, Generic, Literal, TypeVar
+from dataclasses import dataclass, fields, replace
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from trainplan.errors import TrainplanError
 
@@ -103,6 +103,13 @@ class Engine:
 
 _MLM = "NVIDIA/Megatron-LM"
 _MCORE_VERSION = "core_r0.14.0"
+_BRIDGE_VERSION = "0.3.1"
+_BRIDGE_MCORE_VERSION = "0.16.1"
+_BRIDGE = f"NVIDIA-NeMo/Megatron-Bridge v{_BRIDGE_VERSION}"
+_BRIDGE_MCORE = f"{_MLM} core_v{_BRIDGE_MCORE_VERSION} (the 3rdparty/Megatron-LM submodule of {_BRIDGE})"
+"""The Megatron Bridge release the nemo engine states, the one ``trainplan export --to nemo``
+writes for (``trainplan.export.nemo.VERSION``, ``MCORE_VERSION``; tests/test_engines.py checks
+they agree), and the Megatron-Core its tag pins as a submodule."""
 _TT = "pytorch/torchtitan 0.2.2"
 _BLOCK_FSDP = "PyTorch FSDP2 fully_shard on each transformer block, prefetching the next block's all-gather"
 _NO_TP_OVERLAP_PYTORCH = (
@@ -123,9 +130,17 @@ _MEGATRON_ZERO: Final[Setting[tuple[int, ...]]] = Setting(
 
 
 def _megatron_family(
-    name: str, title: str, version: str, tp_overlap: Setting[bool], export: str | None, note: str = ""
+    name: str,
+    title: str,
+    version: str,
+    tp_overlap: Setting[bool],
+    export: str | None,
+    note: str = "",
+    **sourced: Any,
 ) -> Engine:
-    return Engine(
+    """The Megatron-Core engine's settings; ``sourced`` replaces any of them (each :class:`Engine`
+    field by name) for a framework built on Megatron-Core that states its own value and source."""
+    engine = Engine(
         recomputes=_MEGATRON_RECOMPUTES,
         zero_stages=_MEGATRON_ZERO,
         name=name,
@@ -165,6 +180,7 @@ def _megatron_family(
         export_target=export,
         export_note=note,
     )
+    return replace(engine, **sourced) if sourced else engine
 
 
 def _pytorch_family(
@@ -265,13 +281,73 @@ register(
     _megatron_family(
         "nemo",
         "NeMo 2 / Megatron Bridge",
-        "Megatron Bridge 0.2 (NeMo 25.11)",
+        f"Megatron Bridge {_BRIDGE_VERSION} (Megatron-Core {_BRIDGE_MCORE_VERSION})",
         Setting(
             value=True,
-            source="NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/comm_overlap.py CommOverlapConfig("
-            "tp_comm_overlap=True) in the performance recipes (off without sequence parallelism)",
+            source=f"{_BRIDGE} src/megatron/bridge/recipes/llama/llama3.py llama3_70b_pretrain_config (lines "
+            "736-740: CommOverlapConfig(tp_comm_overlap=True), as in the Llama 3.1 70B/405B, GPT-3 175B and "
+            "Nemotron-H recipes and the scripts/performance configs built on them); "
+            "src/megatron/bridge/training/comm_overlap.py _get_model_comm_overlap_cfgs (lines 438-448) turns it "
+            "off without sequence parallelism, with TP < 2 or without Transformer Engine. The MoE recipes "
+            "(deepseek_v3.py line 168, kimi_k2.py, moonlight_16b.py) write tp_comm_overlap=False and "
+            "_pretrain_common sets no CommOverlapConfig: give --no-tp-comm-overlap for those",
         ),
         "nemo",
+        stack=Setting(
+            value="megatron",
+            source=f"{_BRIDGE} src/megatron/bridge/models/gpt_provider.py GPTModelProvider: Megatron-Core "
+            "modules with the Transformer Engine layer spec (default_layer_spec, lines 116-121; the megatron "
+            "stack's calibrated κ, trainplan/validate/calibrate.py)",
+        ),
+        recompute_early_stop=Setting(
+            value=False,
+            source=f"{_BRIDGE_MCORE} megatron/core/transformer/transformer_block.py _checkpointed_forward "
+            "(lines 504-530) → megatron/core/tensor_parallel/random.py CheckpointFunction (line 496; "
+            "reentrant: the whole block forward runs again; te_checkpoint under FP8/FP4)",
+        ),
+        zero3_granularity=Setting(
+            value="block",
+            source=f"{_BRIDGE_MCORE} megatron/core/distributed/fsdp (Megatron-FSDP, ddp.use_megatron_fsdp with "
+            "data_parallel_sharding_strategy optim_grads_params: one gather per module bucket, prefetched)",
+        ),
+        overlap_grad_reduce=Setting(
+            value=True,
+            source=f"{_BRIDGE} src/megatron/bridge/recipes/common.py _pretrain_common (lines 75-83: "
+            "DistributedDataParallelConfig(overlap_grad_reduce=True, overlap_param_gather=True, "
+            "use_distributed_optimizer=True)); src/megatron/bridge/training/comm_overlap.py "
+            "_get_optimizer_overlap_cfgs (lines 539-542) turns both on with DP > 1 and the distributed optimizer",
+        ),
+        pp_comm_overlap=Setting(
+            value="interleaved",
+            source=f"{_BRIDGE} src/megatron/bridge/training/comm_overlap.py _get_model_comm_overlap_cfgs "
+            "(lines 450-460): overlap_p2p_comm on with PP > 1 and a virtual pipeline, off otherwise (a recipe "
+            "with no CommOverlapConfig keeps Megatron-Core's overlap_p2p_comm = False; the export writes one)",
+        ),
+        grad_accumulation=Setting(
+            value="fused",
+            source=f"{_BRIDGE} src/megatron/bridge/models/gpt_provider.py line 186: gradient_accumulation_fusion "
+            "defaults to fusions.can_enable_gradient_accumulation_fusion() (src/megatron/bridge/utils/fusions.py "
+            "lines 34-50: on where the fused_weight_gradient_mlp_cuda extension imports): the weight-gradient "
+            "GEMM accumulates into main_grad",
+        ),
+        softmax_fp32=Setting(
+            value=False,
+            source=f"{_BRIDGE} src/megatron/bridge/models/gpt_provider.py line 145: attention_softmax_in_fp32 = "
+            "False (Megatron-Core's TransformerConfig default is True): the unfused attention's softmax runs in "
+            "the compute dtype",
+        ),
+        recomputes=Setting(
+            value=("none", "selective", "full"),
+            source=f"{_BRIDGE_MCORE} megatron/core/transformer/transformer_config.py recompute_granularity "
+            "None | 'selective' | 'full' (line 383; selective recomputes recompute_modules, default "
+            "['core_attn'], lines 1193-1194), a GPTModelProvider field",
+        ),
+        zero_stages=Setting(
+            value=(0, 1, 2, 3),
+            source=f"{_BRIDGE_MCORE} megatron/core/distributed/distributed_data_parallel_config.py: "
+            "use_distributed_optimizer (1); use_megatron_fsdp with data_parallel_sharding_strategy "
+            "optim_grads (2) / optim_grads_params (3) (lines 69, 79)",
+        ),
     )
 )
 register(
