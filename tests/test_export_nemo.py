@@ -118,6 +118,37 @@ def test_every_key_is_a_field_of_its_bridge_dataclass(
     assert m["recompute_granularity"] == (None if rec.recompute == "none" else rec.recompute)
 
 
+def _bridge_dp_overlap(sections: dict[str, dict[str, object]], dp: int) -> dict[str, object]:
+    """``ddp.overlap_grad_reduce`` / ``overlap_param_gather`` after Megatron Bridge 0.3.1's
+    ``CommOverlapConfig.setup`` (``training/comm_overlap.py`` lines 527-549, 557-565, 598-606): with
+    the distributed optimizer it sets both to its own choice (on with DP > 1) unless the
+    ``CommOverlapConfig`` gives a value."""
+    ddp, user = sections["ddp"], sections["comm_overlap"]
+    out = {k: ddp[k] for k in ("overlap_grad_reduce", "overlap_param_gather")}
+    if ddp["use_distributed_optimizer"]:
+        for key in out:
+            out[key] = user[key] if user.get(key) is not None else dp > 1
+    return out
+
+
+@pytest.mark.parametrize(
+    ("model", "devices", "recipe", "layout"),
+    [*PLANS, ("llama-3.1-8b", 8, {"global_batch": 32}, {"zero": 1, "overlap_grad_reduce": False})],
+)
+def test_bridge_runs_the_plans_gradient_overlap(
+    model: str, devices: int, recipe: dict[str, Any], layout: dict[str, Any]
+) -> None:
+    """The data-parallel overlaps the recipe runs with are the plan's, also where the plan turns
+    them off: the comm_overlap section states them, so Bridge's setup keeps them."""
+    plan = _plan(model, devices, recipe, layout)
+    lay = plan[3]
+    sections, _, _, _ = nemo.build_recipe(*plan)
+    assert _bridge_dp_overlap(sections, lay.dp) == {
+        "overlap_grad_reduce": lay.overlap_grad_reduce,
+        "overlap_param_gather": lay.overlap_grad_reduce and lay.zero >= 1,
+    }
+
+
 @pytest.mark.parametrize(("model", "devices", "recipe", "layout"), PLANS[:2])
 def test_the_recipe_file_holds_the_sections(
     model: str, devices: int, recipe: dict[str, Any], layout: dict[str, Any]

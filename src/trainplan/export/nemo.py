@@ -2,7 +2,8 @@
 plan's ``ConfigContainer`` and runs ``pretrain`` when launched by ``torchrun``.
 
 Schema: Megatron Bridge 0.3.1 (PyPI ``megatron-bridge==0.3.1``) with Megatron-Core 0.16.1, the
-versions it pins. The recipe starts where Megatron Bridge's own recipes start,
+``core_v0.16.1`` commit its ``v0.3.1`` tag holds as ``3rdparty/Megatron-LM`` (its ``pyproject.toml``
+allows ``megatron-core>=0.15.0a0,<0.17.0``). The recipe starts where Megatron Bridge's own recipes start,
 ``megatron/bridge/recipes/common.py::_pretrain_common`` (its Llama 2 recipe,
 ``recipes/llama/llama2.py``, then sets the model and overrides the sections), and sets:
 
@@ -26,8 +27,12 @@ versions it pins. The recipe starts where Megatron Bridge's own recipes start,
     (``ConfigContainer.validate`` asserts it).
 ``dataset`` (``GPTDatasetConfig``): ``sequence_length``; ``tokenizer``: ``TokenizerConfig(NullTokenizer,
     vocab_size)`` with ``_pretrain_common``'s mock data, so the recipe runs as written.
-``comm_overlap``: ``CommOverlapConfig(tp_comm_overlap, overlap_p2p_comm)``
-    (``megatron/bridge/training/comm_overlap.py``).
+``comm_overlap``: ``CommOverlapConfig(tp_comm_overlap, overlap_p2p_comm, overlap_grad_reduce,
+    overlap_param_gather)`` (``megatron/bridge/training/comm_overlap.py``). The data-parallel overlaps
+    are written here as well as in ``ddp``: ``runtime_config_update`` runs ``CommOverlapConfig.setup``,
+    whose ``_get_optimizer_overlap_cfgs`` (lines 539-549) sets both on in ``ddp`` and ``optimizer``
+    with DP > 1 and the distributed optimizer unless the ``CommOverlapConfig`` gives them (a plan with
+    ``--no-overlap-grad-reduce`` would otherwise run overlapped).
 ``mixed_precision``: a recipe name of ``megatron/bridge/training/mixed_precision.py``: ``bf16_mixed``,
     ``fp16_mixed``, ``bf16_with_fp8_delayed_scaling_mixed`` (fp8; Megatron-LM's ``--fp8-format hybrid``
     delayed scaling, as the megatron target writes), ``bf16_with_nvfp4_mixed`` (fp4).
@@ -206,6 +211,10 @@ def build_recipe(
     else:
         train["train_iters"] = steps
         scheduler["lr_decay_iters"] = steps
+    dp_overlap = {
+        "overlap_grad_reduce": layout.overlap_grad_reduce,
+        "overlap_param_gather": layout.overlap_grad_reduce and layout.zero >= 1,
+    }
     sections: Sections = {
         "model": _model(model, recipe, layout),
         "train": train,
@@ -221,14 +230,15 @@ def build_recipe(
             "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}.get(
                 layout.zero, "no_shard"
             ),
-            "overlap_grad_reduce": layout.overlap_grad_reduce,
-            "overlap_param_gather": layout.overlap_grad_reduce and layout.zero >= 1,
+            **dp_overlap,
         },
         "dataset": {"sequence_length": recipe.seq_len},
         "tokenizer": {"tokenizer_type": "NullTokenizer", "vocab_size": model.vocab_size},
         "comm_overlap": {
             "tp_comm_overlap": layout.tp_comm_overlap,
             "overlap_p2p_comm": layout.pp_schedule == "interleaved" and layout.pp_comm_overlap,
+            # CommOverlapConfig.setup overrides the ddp section's overlaps unless these are given
+            **dp_overlap,
         },
     }
     if recipe.optimizer == "sgd":
