@@ -109,7 +109,7 @@ def test_every_accelerator_has_a_dated_price_or_the_announced_marker() -> None:
     assert len(rented) >= 18
     assert {o.kind for a in rented for o in a.cloud} >= {"on-demand", "spot", "reserved", "capacity-block"}
     providers = {o.provider for a in rented for o in a.cloud}
-    assert providers >= {"AWS", "GCP", "Azure", "CoreWeave", "Lambda", "Nebius", "RunPod"}
+    assert providers >= {"AWS", "GCP", "Azure", "CoreWeave", "Lambda", "Nebius", "Together", "RunPod"}
     for acc in accs:
         if acc.status == "announced":
             assert not acc.cloud, f"{acc.name} is announced but has a rental price"
