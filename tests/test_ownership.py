@@ -69,6 +69,7 @@ def test_bad_inputs_are_refused() -> None:
         get_accelerator("h100-sxm"),
         purchase_usd=None,
         purchase_date=None,
+        purchase_kind=None,
         sources={k: v for k, v in get_accelerator("h100-sxm").sources.items() if k != "price"},
     )
     with pytest.raises(TrainplanError, match="--node-price"):

@@ -14,7 +14,9 @@ from trainplan.hardware import System, get_accelerator, list_accelerators
 from trainplan.hardware.accelerator import (
     NO_PUBLIC_PRICE_REASONS,
     PRICE_KINDS,
+    PURCHASE_ESTIMATE_KIND,
     PURCHASE_KIND,
+    PURCHASE_KINDS,
     SOURCE_KEYS,
     Accelerator,
     CloudOffering,
@@ -36,16 +38,18 @@ from trainplan.recipe import Recipe
 TODAY = datetime.date(2026, 12, 1)
 
 # Shipping accelerators for which no dated public price (rental or purchase) has been found yet;
-# each says so in ``sources.price`` (rtx-a6000: RunPod serverless and RunComfy list it undated). The set is held exactly: a price found removes a name, and no
-# accelerator may join it (a new catalog entry comes with a dated price or, announced, the marker).
-PRICE_GAPS = {
-    "gb300", "h800", "mi250x", "mi350x", "mi355x", "tpu-v7", "trn3", "trn2-ultraserver",
-    "wse-3",
-}  # fmt: skip
+# each says so, and what was searched, in ``sources.price`` (docs/hardware.md lists the searches).
+# The set is held exactly: a price found removes a name, and no accelerator may join it (a new
+# catalog entry comes with a dated price or, announced, the marker).
+PRICE_GAPS = {"mi250x", "tpu-v7", "trn3", "trn2-ultraserver", "wse-3"}
 
 # Accelerators with no dated per-hour rental price (a purchase price at most): estimates and plans
 # need --price for them.
 UNRENTED = PRICE_GAPS | {"vr200", "mi455x", "h20", "a800"}
+
+# Accelerators whose only per-hour rate is a named report's own estimate (kind ``estimate``): no
+# provider publishes one. h800: the DeepSeek-V3 report's assumed $2 per GPU-hour.
+ESTIMATED_ONLY = {"h800"}
 
 
 @pytest.mark.parametrize("acc", builtin_accelerators(), ids=lambda a: a.name)
@@ -79,7 +83,8 @@ def test_every_accelerator_has_a_dated_price_or_the_announced_marker() -> None:
             assert "http" in price.source, (acc.name, price)
             assert price.day <= TODAY, (acc.name, price)
         if acc.purchase_usd is not None:
-            assert acc.purchase is not None and acc.purchase.kind == PURCHASE_KIND
+            assert acc.purchase is not None and acc.purchase.kind == acc.purchase_kind
+            assert acc.purchase.kind in PURCHASE_KINDS
             assert acc.purchase.date == acc.purchase_date
         if prices:
             assert acc.no_public_price is None, acc.name
@@ -99,11 +104,12 @@ def test_every_accelerator_has_a_dated_price_or_the_announced_marker() -> None:
         a.name for a in accs if a.no_public_price
     } | {a.name for a in accs if a.dated_prices}
     assert {a.name for a in accs if not a.cloud} == UNRENTED
+    assert {a.name for a in accs if a.cloud and all(o.kind == "estimate" for o in a.cloud)} == ESTIMATED_ONLY
     rented = [a for a in accs if a.cloud]
     assert len(rented) >= 18
     assert {o.kind for a in rented for o in a.cloud} >= {"on-demand", "spot", "reserved", "capacity-block"}
     providers = {o.provider for a in rented for o in a.cloud}
-    assert providers >= {"AWS", "GCP", "Azure", "CoreWeave", "Lambda", "Nebius", "RunPod"}
+    assert providers >= {"AWS", "GCP", "Azure", "CoreWeave", "Lambda", "Nebius", "Together", "RunPod"}
     for acc in accs:
         if acc.status == "announced":
             assert not acc.cloud, f"{acc.name} is announced but has a rental price"
@@ -119,13 +125,22 @@ def test_the_marker_and_the_purchase_date_are_refused_where_they_do_not_belong()
     with pytest.raises(CatalogError, match="purchase_date"):
         Accelerator(**{**fields, "no_public_price": None, "purchase_usd": 1000.0})
     with pytest.raises(CatalogError, match="remove it or the prices"):
-        Accelerator(**{**fields, "purchase_usd": 1000.0, "purchase_date": "2026-01"})
+        Accelerator(
+            **{**fields, "purchase_usd": 1000.0, "purchase_date": "2026-01", "purchase_kind": PURCHASE_KIND}
+        )
     gaudi3 = get_accelerator("gaudi3")
     g = {f: getattr(gaudi3, f) for f in gaudi3.__dataclass_fields__}
     with pytest.raises(CatalogError, match="needs a purchase_usd"):
         Accelerator(**{**g, "purchase_usd": None})
-    with pytest.raises(PriceError, match="trainplan cost"):
-        PriceQuery(kind=PURCHASE_KIND)
+    for kind in PURCHASE_KINDS:
+        with pytest.raises(PriceError, match="trainplan cost"):
+            PriceQuery(kind=kind)
+    # a purchase price states whether it is a list price or a reported estimate, and nothing else
+    for bad in (None, "street", "estimate"):
+        with pytest.raises(CatalogError, match="purchase_kind"):
+            Accelerator(**{**g, "purchase_kind": bad})
+    with pytest.raises(CatalogError, match="purchase_kind"):
+        Accelerator(**{**fields, "purchase_kind": PURCHASE_ESTIMATE_KIND})
 
 
 def test_usable_memory_bounds_the_fit_and_sits_beside_nominal() -> None:
@@ -301,3 +316,70 @@ def test_cost_command_prices_rent_by_the_same_rule(capsys: pytest.CaptureFixture
     assert str(spot.usd_per_device_hour) in out and spot.provider in out and "spot" in out
     assert main(["cost", "h100-sxm", "--provider", "oracle"]) == 2
     assert "Nebius" in capsys.readouterr().err
+
+
+def test_a_reported_estimate_is_ranked_last_and_named_as_such(capsys: pytest.CaptureFixture[str]) -> None:
+    assert FALLBACK_KINDS[-1] == "estimate"
+    h800 = get_accelerator("h800")
+    offer = h800.cheapest_offering()
+    assert offer is not None and offer.kind == "estimate" and "arxiv.org/abs/2412.19437" in offer.source
+    assert "estimate" in offer.describe()
+    # any sold kind, however dear, comes before an estimate
+    sold = CloudOffering(
+        provider="X",
+        instance="x",
+        usd_per_device_hour=99.0,
+        date="2026-01",
+        source="http://x",
+        devices_per_instance=8,
+    )
+    for kind in FALLBACK_KINDS[:-1]:
+        dear = CloudOffering(**{**sold.to_dict(), "kind": kind})  # type: ignore[arg-type]
+        assert default_offering((offer, dear)) == dear
+    assert select_offering(h800.name, h800.cloud, PriceQuery(kind="estimate")) == offer
+    with pytest.raises(PriceError, match="the catalog has"):
+        select_offering("h100-sxm", get_accelerator("h100-sxm").cloud, PriceQuery(kind="estimate"))
+    argv = [
+        "estimate",
+        "llama-3.1-8b",
+        "--hardware",
+        "h800",
+        "--devices",
+        "8",
+        "--zero",
+        "3",
+        "--tokens",
+        "1e9",
+    ]
+    assert main([*argv, "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["run"]
+    assert run["price_kind"] == "estimate" and run["price_provider"] == "DeepSeek-V3 report"
+    assert run["usd_per_device_hour"] == offer.usd_per_device_hour == 2.0
+    assert main(argv) == 0
+    assert "DeepSeek-V3 report estimate" in capsys.readouterr().out
+    assert main(["hardware", "list"]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith("h800 "))
+    assert row.rstrip().endswith("2.00e") and "e = a rate a named report estimates" in table
+
+
+def test_a_purchase_price_says_whether_it_is_a_list_price_or_an_estimate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trainplan.hardware.render import render_show, unpriced_markdown
+
+    bought = [a for a in list_accelerators() if a.purchase is not None]
+    assert {a.purchase.kind for a in bought if a.purchase is not None} == set(PURCHASE_KINDS)
+    for acc in bought:
+        p = acc.purchase
+        assert p is not None
+        assert p.label in p.describe() and p.label in render_show(acc)
+        assert acc.to_dict()["purchase_kind"] == p.kind == p.to_dict()["kind"]
+    assert get_accelerator("h100-sxm").purchase.kind == PURCHASE_ESTIMATE_KIND  # type: ignore[union-attr]
+    assert get_accelerator("rtx-4090").purchase.kind == PURCHASE_KIND  # type: ignore[union-attr]
+    assert "reported estimate, not a list price, 2024-07" in unpriced_markdown([get_accelerator("h20")])
+    assert main(["cost", "h100-sxm"]) == 0
+    assert "reported estimate, not a list price" in capsys.readouterr().out
+    assert main(["cost", "rtx-4090"]) == 0
+    out = capsys.readouterr().out
+    assert "list price" in out and "estimate" not in out.split("purchase price")[1].split(")")[0]

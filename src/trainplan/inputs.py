@@ -769,7 +769,8 @@ COST_FIELDS: Final = (
         name="price_kind",
         group="cost",
         choices=PRICE_KINDS,
-        help="price at this kind of offering (default: on-demand, else the accelerator's other kinds)",
+        help="price at this kind of offering (default: on-demand, else the accelerator's other kinds; "
+        "'estimate' is a rate a named report states, not a provider's price)",
     ),
     Field(
         name="max_price_age",

@@ -274,7 +274,7 @@ def default_node_price(acc: Accelerator) -> tuple[float, str]:
         )
     price = purchase.usd_per_device * acc.devices_per_node * (1.0 + SERVER_OVERHEAD)
     return price, (
-        f"{acc.devices_per_node} × ${purchase.usd_per_device:,.0f} (purchase price of {purchase.date}: "
+        f"{acc.devices_per_node} × ${purchase.usd_per_device:,.0f} (purchase price, {purchase.label}, of {purchase.date}: "
         f"{purchase.source}) "
         f"+ {100 * SERVER_OVERHEAD:.0f}% for the rest of the server (assumption; --node-price)"
     )

@@ -37,15 +37,39 @@ SOURCE_KEYS: Final[tuple[str, ...]] = (
     "links",
     "host_memory",
 )
-PRICE_KINDS: Final[tuple[str, ...]] = ("on-demand", "spot", "reserved", "committed", "capacity-block")
+PRICE_KINDS: Final[tuple[str, ...]] = (
+    "on-demand",
+    "spot",
+    "reserved",
+    "committed",
+    "capacity-block",
+    "estimate",
+)
 """How a price is sold: ``on-demand`` (pay as you go, no commitment), ``spot`` (preemptible or
 interruptible capacity), ``reserved`` (a reservation or contract of a fixed term), ``committed``
 (a committed-use discount such as Google's 1- or 3-year CUD), ``capacity-block`` (a fixed-duration
-block booked ahead, e.g. AWS EC2 Capacity Blocks for ML)."""
+block booked ahead, e.g. AWS EC2 Capacity Blocks for ML). ``estimate`` is not a price anyone sells
+at: a per-hour rental rate that a named report (a paper, the press, an analyst) states as its own
+estimate or assumption, for a part no provider publishes a rate for; its ``provider`` names the
+report, and it is ranked after every sold kind."""
 
 PURCHASE_KIND: Final = "purchase"
-"""The kind of a dated purchase price (MSRP, list or reported street price per device): a capital
-cost, compared with renting by ``trainplan cost``, never ranked with the per-hour kinds above."""
+"""The kind of a dated purchase price the vendor published (list price, MSRP, launch price per
+device): a capital cost, compared with renting by ``trainplan cost``, never ranked with the
+per-hour kinds above."""
+
+PURCHASE_ESTIMATE_KIND: Final = "purchase-estimate"
+"""The kind of a dated purchase price that is a press or analyst report (a street price, a quote
+from the channel, a rack price divided by its devices), not a vendor list price."""
+
+PURCHASE_KINDS: Final[tuple[str, ...]] = (PURCHASE_KIND, PURCHASE_ESTIMATE_KIND)
+"""The kinds of a purchase price; every catalog purchase price states one (``purchase_kind``)."""
+
+PURCHASE_KIND_LABELS: Final[dict[str, str]] = {
+    PURCHASE_KIND: "list price",
+    PURCHASE_ESTIMATE_KIND: "reported estimate, not a list price",
+}
+"""How every surface that prints a purchase price names its kind."""
 
 NO_PUBLIC_PRICE_REASONS: Final[tuple[str, ...]] = ("announced, unshipped",)
 """Why an accelerator may carry no dated price at all: only a part that is announced and not yet
@@ -178,19 +202,31 @@ class PurchasePrice:
     usd_per_device: float
     date: str
     source: str
-    kind: str = PURCHASE_KIND
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in PURCHASE_KINDS:
+            raise CatalogError(
+                "purchase_kind", f"must be one of {', '.join(PURCHASE_KINDS)}, got {self.kind!r}"
+            )
 
     @property
     def day(self) -> datetime.date:
         parts = [int(p) for p in self.date.split("-")]
         return datetime.date(parts[0], parts[1], parts[2] if len(parts) == 3 else 1)
 
+    @property
+    def label(self) -> str:
+        """The kind in words: ``list price`` or ``reported estimate, not a list price``."""
+        return PURCHASE_KIND_LABELS[self.kind]
+
     def describe(self) -> str:
-        return f"purchase ${self.usd_per_device:,.0f}/device ({self.date})"
+        return f"purchase ${self.usd_per_device:,.0f}/device ({self.label}, {self.date})"
 
     def to_dict(self) -> dict[str, object]:
         return {
             "kind": self.kind,
+            "label": self.label,
             "usd_per_device": float(self.usd_per_device),
             "date": self.date,
             "source": self.source,
@@ -230,6 +266,9 @@ class Accelerator:
     purchase_usd: float | None = None
     purchase_date: str | None = None
     """When ``purchase_usd`` was published or reported (YYYY-MM or YYYY-MM-DD); required with it."""
+    purchase_kind: str | None = None
+    """What ``purchase_usd`` is, one of :data:`PURCHASE_KINDS` (a vendor list price or a reported
+    estimate); required with it, so no estimate reads as a list price."""
     no_public_price: str | None = None
     """The explicit marker of an accelerator with no dated price at all, one of
     :data:`NO_PUBLIC_PRICE_REASONS`; ``sources.price`` names the source that says so."""
@@ -313,8 +352,16 @@ class Accelerator:
                     "purchase_date",
                     f"must be YYYY-MM or YYYY-MM-DD (when the purchase price was published), got {self.purchase_date!r}",
                 )
+            if self.purchase_kind not in PURCHASE_KINDS:
+                raise CatalogError(
+                    "purchase_kind",
+                    f"must be one of {', '.join(PURCHASE_KINDS)} (a vendor list price or a press/analyst "
+                    f"estimate), got {self.purchase_kind!r}",
+                )
         elif self.purchase_date is not None:
             raise CatalogError("purchase_date", "a purchase date needs a purchase_usd; give both or neither")
+        elif self.purchase_kind is not None:
+            raise CatalogError("purchase_kind", "a purchase kind needs a purchase_usd; give both or neither")
         object.__setattr__(self, "cloud", tuple(self.cloud))
         for offering in self.cloud:
             if not isinstance(offering, CloudOffering):
@@ -404,10 +451,13 @@ class Accelerator:
     @property
     def purchase(self) -> PurchasePrice | None:
         """The dated purchase price, or ``None`` when the catalog has none."""
-        if self.purchase_usd is None or self.purchase_date is None:
+        if self.purchase_usd is None or self.purchase_date is None or self.purchase_kind is None:
             return None
         return PurchasePrice(
-            usd_per_device=self.purchase_usd, date=self.purchase_date, source=self.sources["price"]
+            usd_per_device=self.purchase_usd,
+            date=self.purchase_date,
+            source=self.sources["price"],
+            kind=self.purchase_kind,
         )
 
     @property
@@ -448,6 +498,7 @@ class Accelerator:
             "tdp_w": None if self.tdp_w is None else float(self.tdp_w),
             "purchase_usd": None if self.purchase_usd is None else float(self.purchase_usd),
             "purchase_date": self.purchase_date,
+            "purchase_kind": self.purchase_kind,
             "no_public_price": self.no_public_price,
             "cloud": [o.to_dict() for o in self.cloud],
             "devices_per_node": self.devices_per_node,

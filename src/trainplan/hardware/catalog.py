@@ -59,6 +59,7 @@ _ACCELERATOR_KEYS: Final[dict[str, tuple[str, bool]]] = {
     "tdp_w": (_NUM, False),
     "purchase_usd": (_NUM, False),
     "purchase_date": (_STR, False),
+    "purchase_kind": (_STR, False),
     "no_public_price": (_STR, False),
     "cloud": (_CLOUD, False),
     "devices_per_node": (_INT, True),

@@ -6,7 +6,9 @@ them by kind (``--price-kind``), provider (``--provider``) and age (``--max-pric
 what remains is ranked by :data:`DEFAULT_RULE`:
 
 * the kind asked for, else on-demand; an accelerator with no on-demand price falls back to its
-  other kinds in :data:`FALLBACK_KINDS` order, and the row names the kind it got;
+  other kinds in :data:`FALLBACK_KINDS` order, and the row names the kind it got (``estimate``, a
+  rate a named report states as its own estimate, comes last: it is used only where no provider
+  publishes a rate, and every row priced by it says ``estimate``);
 * among those, the lowest $/device-hour, whatever the provider (ties: the newer date, then the
   provider's name).
 
@@ -24,17 +26,25 @@ from dataclasses import dataclass
 from typing import Final
 
 from trainplan.errors import TrainplanError
-from trainplan.hardware.accelerator import PRICE_KINDS, PURCHASE_KIND, CloudOffering
+from trainplan.hardware.accelerator import PRICE_KINDS, PURCHASE_KINDS, CloudOffering
 
 DEFAULT_KIND: Final = "on-demand"
-FALLBACK_KINDS: Final[tuple[str, ...]] = ("on-demand", "reserved", "committed", "capacity-block", "spot")
-"""Kinds tried in turn when no kind is asked for: commitment-free first, preemptible last."""
+FALLBACK_KINDS: Final[tuple[str, ...]] = (
+    "on-demand",
+    "reserved",
+    "committed",
+    "capacity-block",
+    "spot",
+    "estimate",
+)
+"""Kinds tried in turn when no kind is asked for: commitment-free first, preemptible next, and a
+reported estimate (no provider's price) last."""
 assert set(FALLBACK_KINDS) == set(PRICE_KINDS)
 
 DEFAULT_RULE: Final = (
     "default price: the cheapest on-demand offering of each accelerator in the catalog, any provider "
-    "(no on-demand price: reserved, committed, capacity-block, then spot); each row names its provider, "
-    "kind and date; narrow with --provider, --price-kind, --max-price-age"
+    "(no on-demand price: reserved, committed, capacity-block, spot, then a reported estimate); each row "
+    "names its provider, kind and date; narrow with --provider, --price-kind, --max-price-age"
 )
 
 
@@ -53,7 +63,7 @@ class PriceQuery:
     today: datetime.date | None = None
 
     def __post_init__(self) -> None:
-        if self.kind == PURCHASE_KIND:
+        if self.kind in PURCHASE_KINDS:
             raise PriceError(
                 "price_kind",
                 "a purchase price is a capital cost, not a rate per device-hour; compare buying with "

@@ -18,8 +18,11 @@ def _tflops(acc: Accelerator, dtype: str) -> str:
 
 
 def _price(acc: Accelerator) -> str:
+    """The default price; ``e`` after it when that price is a reported estimate (kind ``estimate``)."""
     offer = acc.cheapest_offering()
-    return _DASH if offer is None else f"{offer.usd_per_device_hour:.2f}"
+    if offer is None:
+        return _DASH
+    return f"{offer.usd_per_device_hour:.2f}" + ("e" if offer.kind == "estimate" else "")
 
 
 def _memory_cell(acc: Accelerator) -> str:
@@ -79,7 +82,8 @@ def render_table(accs: Sequence[Accelerator]) -> str:
         "TFLOP/s are dense peaks (vendor sparse figures halved). GB = 1e9 bytes, TB/s = 1e12 bytes/s; "
         "mem GB is usable/nominal where they differ. Scale-up is per chip, one direction. "
         "$/dev-h = the default price (cheapest dated on-demand offering; `hardware show NAME` lists every "
-        "offering with its kind and date). * = announced, not shipping."
+        "offering with its kind and date; e = a rate a named report estimates, no provider's price). "
+        "* = announced, not shipping."
     )
     return "\n".join(lines)
 
@@ -192,7 +196,7 @@ def render_show(acc: Accelerator) -> str:
     lines.append("Price")
     bought = acc.purchase
     if bought is not None:
-        purchase = f"${bought.usd_per_device:,.0f} per device, dated {bought.date} (estimate)"
+        purchase = f"${bought.usd_per_device:,.0f} per device, dated {bought.date} ({bought.label})"
     elif acc.no_public_price is not None:
         purchase = f"none: no public price ({acc.no_public_price})"
     else:
@@ -262,6 +266,6 @@ def unpriced_markdown(accs: Sequence[Accelerator]) -> str:
         if acc.cloud:
             continue
         bought = acc.purchase
-        price = "—" if bought is None else f"${bought.usd_per_device:,.0f} ({bought.date})"
+        price = "—" if bought is None else f"${bought.usd_per_device:,.0f} ({bought.label}, {bought.date})"
         lines.append(f"| `{acc.name}` | {acc.status} | {price} | {acc.sources.get('price', '—')} |")
     return "\n".join(lines) + "\n"

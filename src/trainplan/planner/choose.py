@@ -239,7 +239,8 @@ def _owned_cost(plan: Plan) -> tuple[float | None, str]:
     """The run's device-hours at the owned cost per used device-hour (ownership defaults)."""
     e = plan.estimate
     acc = e.system.accelerator
-    if acc.purchase_usd is None or acc.tdp_w is None or e.run.device_hours is None:
+    purchase = acc.purchase
+    if purchase is None or acc.tdp_w is None or e.run.device_hours is None:
         return None, "no purchase price or power in the catalog"
     price, _ = default_node_price(acc)
     own = Ownership(
@@ -252,7 +253,8 @@ def _owned_cost(plan: Plan) -> tuple[float | None, str]:
     rate = own.owned_usd_per_used_device_hour(own.utilisation)
     return e.run.device_hours * rate, (
         f"${rate:.2f}/device-hour owned at {100 * own.utilisation:.0f}% utilisation over "
-        f"{own.years:g} years; `trainplan cost {acc.name}` for the inputs"
+        f"{own.years:g} years, purchase price ({purchase.label}) of {purchase.date}; "
+        f"`trainplan cost {acc.name}` for the inputs"
     )
 
 
