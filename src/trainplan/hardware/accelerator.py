@@ -203,12 +203,7 @@ class PurchasePrice:
     date: str
     source: str
     kind: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in PURCHASE_KINDS:
-            raise CatalogError(
-                "purchase_kind", f"must be one of {', '.join(PURCHASE_KINDS)}, got {self.kind!r}"
-            )
+    """One of :data:`PURCHASE_KINDS`, checked where the price is built (``Accelerator.purchase_kind``)."""
 
     @property
     def day(self) -> datetime.date:
