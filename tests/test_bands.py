@@ -104,10 +104,10 @@ def test_fallback_order_pools_axes_then_gives_up() -> None:
         "nvidia/pytorch/*/*",
         "nvidia/*/*/*",
     ]
-    band = band_table().lookup("step_s", key)
+    band = band_table().lookup("step_s", key, part="h100-sxm")
     assert band.calibrated and band.class_name in names[1:]
     none = band_table().lookup(
-        "step_s", ClassKey(family="gaudi", stack="pytorch", method="lora", parallelism="data")
+        "step_s", ClassKey(family="gaudi", stack="pytorch", method="lora", parallelism="data"), part="gaudi3"
     )
     assert not none.calibrated and none.rows == 0
 
@@ -167,7 +167,9 @@ def test_estimate_text_names_the_class_and_rows(capsys: pytest.CaptureFixture[st
     rows = (
         band_table()
         .lookup(
-            "step_s", ClassKey(family="nvidia", stack="pytorch", method="pre-train", parallelism="zero-3")
+            "step_s",
+            ClassKey(family="nvidia", stack="pytorch", method="pre-train", parallelism="zero-3"),
+            part="h100-sxm",
         )
         .rows
     )
@@ -183,7 +185,15 @@ def test_estimate_text_names_the_class_and_rows(capsys: pytest.CaptureFixture[st
 
 def _band(low: float, high: float) -> Band:
     return Band(
-        quantity="memory_bytes", class_name="x", family="x", rows=9, calibrated=True, low=low, high=high
+        quantity="memory_bytes",
+        class_name="x",
+        family="x",
+        rows=9,
+        calibrated=True,
+        low=low,
+        high=high,
+        part="x",
+        parts=("x",),
     )
 
 
@@ -356,3 +366,34 @@ def test_plan_mixing_calibrated_and_uncalibrated_says_so() -> None:
     )
     only = api.plan("llama-3.1-8b", hardware="h100-sxm", devices="8", price=2.0)
     assert not any("uncalibrated" in s for s in only.ranking)
+
+
+@pytest.mark.parametrize(("hardware", "measured"), [("h100-sxm", True), ("tpu-v5p", True), ("tpu-v7", False)])
+def test_band_says_whether_its_family_was_measured_on_this_part(
+    hardware: str, measured: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The family's rows decide, not the chosen class's: H100 is measured under other classes
+    of its family, TPU7x under none (its band is the TPU family's error on v5p and v6e)."""
+    argv = ["estimate", "llama-3.1-8b", "--hardware", hardware, "--devices", "8", "--zero", "3"]
+    assert main([*argv, "--json"]) == 0
+    cal = json.loads(capsys.readouterr().out)["calibration"]
+    assert cal["calibrated"] is True
+    assert cal["on_part"] is measured and (hardware in cal["parts"]) is measured
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert (f"no validated run on {hardware}" in out) is not measured
+    assert (f"none on {hardware} (runs on " in out) is not measured
+
+
+def test_plan_marks_a_part_without_runs_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "llama-3.1-8b", "--hardware", "tpu-v7,tpu-v5p", "--devices", "8", "--tokens", "1e10"]
+    assert main([*argv, "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    by_part = {p["calibration"]["part"]: p["calibration"]["on_part"] for p in plans}
+    assert by_part == {"tpu-v7": False, "tpu-v5p": True}
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "tpu-v7 has no validated run of its own (* in the band column)" in out
+    assert "tpu-v5p has no validated run" not in out
+    starred = [line for line in out.splitlines() if "tpu-v7" in line and "%*" in line]
+    assert starred and not any("tpu-v5p" in line and "%*" in line for line in out.splitlines())

@@ -538,4 +538,6 @@ def test_docs_kappa_table_quotes_calibration_toml() -> None:
     text = (Path(__file__).resolve().parents[1] / "docs" / "timing.md").read_text(encoding="utf-8")
     table = text.split("<!-- kappa: generated -->\n", 1)[1].split("<!-- end of kappa -->", 1)[0]
     assert table.count("\n| ") >= 10
-    assert table == rewrite_kappa_cells(table), "docs/timing.md's κ column is stale: run python scripts/regenerate.py"
+    assert table == rewrite_kappa_cells(table), (
+        "docs/timing.md's κ column is stale: run python scripts/regenerate.py"
+    )

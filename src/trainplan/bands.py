@@ -23,6 +23,12 @@ least :data:`MIN_ROWS` validation rows of the quantity (``*`` = pooled over that
     family/stack/method/parallelism → family/stack/method/* → family/*/method/*
         → family/stack/*/* → family/*/*/*
 
+A calibrated band also names the catalog parts its family's rows ran on (those of the widest
+class of the chain) and whether the estimated part is one of them (``Band.on_part``): Trn2 and
+Trn3 take the Trainium band measured on Trn1, TPU7x the band measured on v5p and v6e. Every
+surface marks such a band ("no validated run on this part"), since how far the part departs
+from its family's measured parts is not measured.
+
 A family with no row at all is **uncalibrated**: its band is the table's ``uncalibrated`` band,
 derived in :func:`uncalibrated_band` from the calibrated classes and the spread between the
 calibrated datasets: wider than every calibrated band, never tight.
@@ -247,6 +253,7 @@ class ClassBand:
     name: str
     rows: int
     datasets: tuple[str, ...]
+    parts: tuple[str, ...]  # the catalog accelerators the class's rows ran on
     low: float  # true / predicted − 1 at the low end
     high: float
 
@@ -256,6 +263,7 @@ class ClassBand:
             "class": self.name,
             "rows": self.rows,
             "datasets": list(self.datasets),
+            "parts": list(self.parts),
             "low": self.low,
             "high": self.high,
         }
@@ -285,6 +293,7 @@ class BandTable:
                 name=c["class"],
                 rows=c["rows"],
                 datasets=tuple(c["datasets"]),
+                parts=tuple(c["parts"]),
                 low=c["low"],
                 high=c["high"],
             )
@@ -297,8 +306,11 @@ class BandTable:
     def _by_name(self) -> dict[str, dict[str, ClassBand]]:
         return {q: {c.name: c for c in self.classes if c.quantity == q} for q in QUANTITIES}
 
-    def lookup(self, quantity: Quantity, key: ClassKey) -> Band:
+    def lookup(self, quantity: Quantity, key: ClassKey, *, part: str) -> Band:
         """The band of the first class in the fallback order with rows; else uncalibrated.
+        ``part`` is the catalog accelerator estimated: the band records the parts the family's
+        rows ran on (those of the widest class of the chain, which holds every row of the
+        others) and whether ``part`` is one of them (:attr:`Band.on_part`).
 
         A class whose rows all come from one dataset cannot show how the rows of another
         dataset spread around their bias: its band is widened to envelope the band of the first
@@ -321,6 +333,8 @@ class BandTable:
                 calibrated=True,
                 low=low,
                 high=high,
+                part=part,
+                parts=chain[-1].parts,
             )
         lo, hi = self.uncalibrated[quantity]
         return Band(
@@ -331,6 +345,8 @@ class BandTable:
             calibrated=False,
             low=lo,
             high=hi,
+            part=part,
+            parts=(),
         )
 
 
@@ -352,6 +368,22 @@ class Band:
     calibrated: bool
     low: float
     high: float
+    part: str  # the catalog accelerator estimated
+    parts: tuple[str, ...]  # the accelerators the family's validation rows ran on (widest class)
+
+    @property
+    def on_part(self) -> bool:
+        """True when at least one validation row of the family ran on the estimated accelerator.
+        False for a calibrated band of a family measured only on its other parts (Trn2 from Trn1
+        runs, TPU7x from v5p and v6e runs): the band is that family's error on those parts, and
+        how far this part departs from them is not measured."""
+        return self.part in self.parts
+
+    def part_note(self) -> str:
+        """``""``, or ``"; none on trn2 (runs on trn1)"`` when the family was never measured on this part."""
+        if not self.calibrated or self.on_part:
+            return ""
+        return f"; none on {self.part} (runs on {', '.join(self.parts)})"
 
     def around(self, value: float) -> tuple[float, float]:
         """[low, high] absolute bounds of a quantity proportional to this one (step time, memory, cost)."""
@@ -374,7 +406,7 @@ class Band:
         pct = self.inverse_percent_text() if inverse else self.percent_text()
         if not self.calibrated:
             return f"(uncalibrated: {pct})"
-        return f"({pct}, {100 * (1 - ALPHA):.0f}% of {self.rows} validated {self.class_name} runs)"
+        return f"({pct}, {100 * (1 - ALPHA):.0f}% of {self.rows} validated {self.class_name} runs{self.part_note()})"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -385,6 +417,9 @@ class Band:
             "high": self.high,
             "quantity": self.quantity,
             "family": self.family,
+            "part": self.part,
+            "parts": list(self.parts),
+            "on_part": self.on_part,
         }
 
     @classmethod
@@ -398,6 +433,8 @@ class Band:
             calibrated=bool(d["calibrated"]),
             low=float(d["low"]),
             high=float(d["high"]),
+            part=str(d["part"]),
+            parts=tuple(str(x) for x in d["parts"]),
         )
 
 
@@ -408,18 +445,18 @@ def _pct(x: float) -> str:
 
 def step_band(acc: Accelerator, recipe: Recipe, layout: Layout) -> Band:
     """The step-time band of a configuration (also that of tokens/s, run time and cost)."""
-    return _band("step_s", classify(acc, recipe, layout))
+    return _band("step_s", classify(acc, recipe, layout), acc.name)
 
 
 def memory_band(acc: Accelerator, recipe: Recipe, layout: Layout) -> Band:
     """The peak-memory band of a configuration."""
-    return _band("memory_bytes", classify(acc, recipe, layout))
+    return _band("memory_bytes", classify(acc, recipe, layout), acc.name)
 
 
 @cache
-def _band(quantity: Quantity, key: ClassKey) -> Band:
-    """The committed table's band of a class (the table is read once, so is each class's band)."""
-    return band_table().lookup(quantity, key)
+def _band(quantity: Quantity, key: ClassKey, part: str) -> Band:
+    """The committed table's band of a class on one part (the table is read once, so is each band)."""
+    return band_table().lookup(quantity, key, part=part)
 
 
 FitVerdict = Literal["fits", "fits only at the optimistic edge", "does not fit"]

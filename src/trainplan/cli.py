@@ -155,11 +155,17 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
         lines.append("run: give --tokens for time-to-train, device-hours, cost and energy")
     if run.price_source:
         lines.append(f"  price: {run.price_source}")
-    if not est.step_band.calibrated or not est.memory_band.calibrated:
-        lines.append(
-            f"  uncalibrated: no validated runs of {est.step_band.family} accelerators; the bands are "
-            "the spread between the calibrated families (docs/validation.md)"
-        )
+    for what, b in (("step-time", est.step_band), ("memory", est.memory_band)):
+        if not b.calibrated:
+            lines.append(
+                f"  uncalibrated {what} band: no validated {what} runs in {b.class_name} or the classes "
+                "it pools into; the band is the spread between the calibrated families (docs/validation.md)"
+            )
+        elif not b.on_part:
+            lines.append(
+                f"  no validated run on {b.part}: the {what} band is the {b.family} family's error on "
+                f"{', '.join(b.parts)}; how far {b.part} departs from those parts is not measured"
+            )
     lines.append("")
     if est.rlhf is not None:
         rl = est.rlhf

@@ -138,6 +138,7 @@ NATIVE_STACK: Final[dict[str, str]] = {"tpu": "maxtext", "trainium": "neuron"}
 Neuron SDK on Trainium. A request for another stack on these devices takes the native stack's
 κ, and the estimate says so (a CUDA stack such as Megatron-Core does not run there)."""
 
+
 @functools.cache
 def _calibration() -> dict[tuple[str, str], float]:
     """(stack, generation) -> κ from ``calibration.toml`` (entries without a stack: Megatron)."""

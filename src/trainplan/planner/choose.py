@@ -58,7 +58,7 @@ class Option:
         peak = acc.peak_flops.get(dtype)
         link = acc.scale_up
         maturity = (
-            f"calibrated ({e.step_band.class_name}, κ = {e.time.kappa:.2f})"
+            f"calibrated ({e.step_band.class_name}{e.step_band.part_note()}, κ = {e.time.kappa:.2f})"
             if self.calibrated
             else f"uncalibrated (too few validated training runs on this family for a band; κ = {e.time.kappa:.2f})"
         )

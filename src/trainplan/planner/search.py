@@ -336,6 +336,16 @@ def ranking_statements(plans: Sequence[Plan], objective: Objective) -> tuple[str
             f"every accelerator in this ranking is uncalibrated ({', '.join(unc)}): no validated run "
             "supports the order"
         )
+    other = {
+        p.estimate.system.accelerator.name: p.estimate.step_band.parts
+        for p in ordered
+        if p.estimate.step_band.calibrated and not p.estimate.step_band.on_part
+    }
+    for name, parts in sorted(other.items()):
+        out.append(
+            f"{name} has no validated run of its own (* in the band column): its band is its family's "
+            f"error on {', '.join(parts)}, and how far {name} departs from those parts is not measured"
+        )
     return tuple(out)
 
 

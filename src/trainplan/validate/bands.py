@@ -54,6 +54,7 @@ class Residual:
     dataset: str
     key: ClassKey
     log_residual: float
+    part: str  # the catalog accelerator the row ran on
 
 
 def timing_residuals() -> list[Residual]:
@@ -71,7 +72,16 @@ def timing_residuals() -> list[Residual]:
             step_like = info.metric in ("step_s", "layer_s")
             r = -math.log1p(res.error) if step_like else math.log1p(res.error)
             key = classify(system.accelerator, recipe, layout)
-            out.append(Residual(quantity="step_s", name=row.name, dataset=name, key=key, log_residual=r))
+            out.append(
+                Residual(
+                    quantity="step_s",
+                    name=row.name,
+                    dataset=name,
+                    key=key,
+                    log_residual=r,
+                    part=system.accelerator.name,
+                )
+            )
     return out
 
 
@@ -97,6 +107,7 @@ def memory_residuals() -> list[Residual]:
                 dataset=row.dataset,
                 key=key,
                 log_residual=math.log(row.measured_bytes / predicted),
+                part=get_accelerator(row.hardware).name,
             )
         )
     for c in comparisons():
@@ -114,6 +125,7 @@ def memory_residuals() -> list[Residual]:
                 dataset=row.dataset,
                 key=key,
                 log_residual=math.log(c.published_bytes / c.predicted_bytes),
+                part=get_accelerator(row.hardware).name,
             )
         )
     return out
@@ -164,6 +176,7 @@ def derive(rs: Sequence[Residual]) -> BandTable:
                     name=key.name,
                     rows=len(inside),
                     datasets=tuple(sorted({r.dataset for r in inside})),
+                    parts=tuple(sorted({r.part for r in inside})),
                     low=_rel(lo),
                     high=_rel(hi),
                 )
@@ -223,7 +236,7 @@ def held_out_coverage(rs: Sequence[Residual] | None = None) -> list[Coverage]:
             t = derive(rest)
             inside = unc = 0
             for r in held:
-                band = t.lookup(q, r.key)
+                band = t.lookup(q, r.key, part=r.part)
                 unc += not band.calibrated
                 inside += math.log1p(band.low) <= r.log_residual <= math.log1p(band.high)
             out.append(Coverage(quantity=q, dataset=d, rows=len(held), inside=inside, uncalibrated=unc))
@@ -265,6 +278,36 @@ def render_bands_text(t: BandTable | None = None, cov: Sequence[Coverage] | None
     return "\n".join(lines)
 
 
+def _family_only_markdown(t: BandTable) -> list[str]:
+    """The catalog parts whose family is calibrated but which no validation row ran on."""
+    from trainplan.bands import accelerator_family
+    from trainplan.hardware.catalog import all_accelerators
+
+    widest = {(c.quantity, c.name): c for c in t.classes}
+    out = [
+        "### Parts calibrated by their family only",
+        "",
+        "A part whose family holds validated rows but none of its own takes its family's band, and",
+        "every surface says so (`no validated run on <part>`; `*` in a plan's band column): how far",
+        "it departs from the family's measured parts is not measured.",
+        "",
+        "| part | family | step-time rows on | memory rows on |",
+        "|---|---|---|---|",
+    ]
+    for acc in all_accelerators():
+        fam = accelerator_family(acc)
+        cells = []
+        for q in QUANTITIES:
+            c = widest.get((q, f"{fam}/*/*/*"))
+            cells.append(
+                "—" if c is None else ("**this part**" if acc.name in c.parts else ", ".join(c.parts))
+            )
+        if all(cell in ("—", "**this part**") for cell in cells):
+            continue
+        out.append(f"| {acc.name} | {fam} | {cells[0]} | {cells[1]} |")
+    return out
+
+
 def render_bands_markdown(t: BandTable | None = None, cov: Sequence[Coverage] | None = None) -> str:
     """The bands section of docs/validation.md."""
     t = table() if t is None else t
@@ -278,17 +321,20 @@ def render_bands_markdown(t: BandTable | None = None, cov: Sequence[Coverage] | 
         "Method, in log(published / predicted): the union of the split-conformal order statistics",
         "and the normal prediction interval of the class, widened on each side by the standard",
         "deviation of the per-dataset mean residuals (of the class, or of every dataset, the larger).",
-        "Calibration rows and zero2020_table1 (model states, not a peak) are left out.",
+        "Calibration rows and zero2020_table1 (model states, not a peak) are left out. Parts = the",
+        "catalog accelerators the class's rows ran on.",
         "",
-        "| quantity | class | rows | low | high | datasets |",
-        "|---|---|---|---|---|---|",
+        "| quantity | class | rows | low | high | datasets | parts |",
+        "|---|---|---|---|---|---|---|",
     ]
     for c in t.classes:
         out.append(
-            f"| {c.quantity} | {c.name} | {c.rows} | {_pct(c.low)} | {_pct(c.high)} | {', '.join(c.datasets)} |"
+            f"| {c.quantity} | {c.name} | {c.rows} | {_pct(c.low)} | {_pct(c.high)} "
+            f"| {', '.join(c.datasets)} | {', '.join(c.parts)} |"
         )
     for q, (lo, hi) in t.uncalibrated.items():
-        out.append(f"| {q} | **uncalibrated** (no validated rows) | — | {_pct(lo)} | {_pct(hi)} | |")
+        out.append(f"| {q} | **uncalibrated** (no validated rows) | — | {_pct(lo)} | {_pct(hi)} | | |")
+    out += ["", *_family_only_markdown(t)]
     out += [
         "",
         "### Held-out coverage",

@@ -23,6 +23,16 @@ _BAND_PROPERTIES: dict[str, Any] = {
     "high": {"type": "number", "description": "true / predicted − 1 at the band's high end (95%)"},
     "quantity": {"type": "string"},
     "family": {"type": "string"},
+    "part": {"type": "string", "description": "the catalog accelerator estimated"},
+    "parts": {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "the accelerators the class's validation rows ran on",
+    },
+    "on_part": {
+        "type": "boolean",
+        "description": "false: calibrated on other parts of the family only, none on this one",
+    },
 }
 _CALIBRATION: dict[str, Any] = {
     "type": "object",

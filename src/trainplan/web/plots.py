@@ -79,8 +79,14 @@ def _bands(e: Mapping[str, Any]) -> tuple[Band, Band]:
 
 
 def _tag(label: str, e: Mapping[str, Any] | None) -> str:
-    """A row label, with "(uncalibrated)" when its step-time class has no validated rows."""
-    return label if e is None or _bands(e)[0].calibrated else f"{label} (uncalibrated)"
+    """A row label, with "(uncalibrated)" when its step-time class has no validated rows and
+    "(no run on this part)" when its class has rows on other parts of the family only."""
+    if e is None:
+        return label
+    band = _bands(e)[0]
+    if not band.calibrated:
+        return f"{label} (uncalibrated)"
+    return label if band.on_part else f"{label} (no run on this part)"
 
 
 def _span(band: Band, value: float) -> list[list[float]]:
