@@ -220,52 +220,71 @@ def collective_time_s(
     ``out`` may be any link when the group stays in one domain (``n_local == group``): no term
     reads it then. 0 for a group of one rank or an empty buffer.
     """
-    plain = _two_level_s(kind, n_bytes, group, n_local, up, out)
     if (protocols is False) or kind in ("send_recv", "all_to_all"):
-        return plain
+        return _two_level_s(kind, n_bytes, group, n_local, up, out)
+    parts = _ring_parts(kind, n_bytes, group, n_local)
+    idle = (group <= 1) | (n_bytes == 0.0)
+    plain = where(idle, 0.0, _ring_time_s(parts, up, out))
     best: Num | None = None
-    for p in NCCL_RING_PROTOCOLS:
+    for p in NCCL_RING_PROTOCOLS:  # the same steps and bytes, each protocol's latency and bandwidth
         up_p, out_p = _protocol_links(p, kind, group, n_local, up, out)
-        t = _two_level_s(kind, n_bytes, group, n_local, up_p, out_p)
-        t = where(t > 0.0, t + p.base_latency_s, 0.0)
+        t = where(idle, 0.0, _ring_time_s(parts, up_p, out_p) + p.base_latency_s)
         best = t if best is None else minimum(best, t)
     assert best is not None
     return where(protocols, best, plain)
 
 
+RingParts = tuple[Num, Num, Num, Num]
+"""(scale-up latency steps, scale-out latency steps, scale-up bus bytes, scale-out bus bytes)."""
+
+
+def _ring_parts(kind: CollectiveKind, n_bytes: Num, group: Int, n_local: Int) -> RingParts:
+    """The two-level ring all-reduce, all-gather or reduce-scatter of :func:`hierarchical_s` as its
+    latency steps and bus bytes per level (the steps and ``bus_factor · bytes`` of the flat phases).
+
+    All-reduce: reduce-scatter over the ``n_l`` ranks of a domain, all-reduce of the ``1/n_l`` shard
+    over the ``n_o`` domains, all-gather over the domain. All-gather / reduce-scatter: NCCL runs them
+    as one ring through every rank: its n−1 steps are (n − n_o) hops inside a domain and (n_o − 1)
+    between domains (NVIDIA/nccl ``src/graph/tuning.cc``, ``nInterSteps``), i.e. (n_l − 1)(n_o − 1)
+    more scale-up steps than the two phases count."""
+    n_l = n_local
+    n_o = ceil_div(group, n_l)
+    shard = n_bytes / n_l
+    if kind == "all_reduce":
+        up_steps = 2 * _steps("reduce_scatter", n_l)
+        up_bytes = 2.0 * bus_factor("reduce_scatter", n_l) * n_bytes
+        return up_steps, _steps(kind, n_o), up_bytes, bus_factor(kind, n_o) * shard
+    up_steps = _steps(kind, n_l) + (n_l - 1) * (n_o - 1)
+    return up_steps, _steps(kind, n_o), bus_factor(kind, n_l) * n_bytes, bus_factor(kind, n_o) * shard
+
+
+def _ring_time_s(parts: RingParts, up: Link, out: Link) -> Num:
+    """``steps·α + bus_bytes / (β·efficiency)`` summed over both levels (a level moving nothing adds
+    its latency steps only, themselves 0 then)."""
+    up_steps, out_steps, up_bytes, out_bytes = parts
+    up_s = where(up_bytes == 0.0, 0.0, up_steps * up[1] + up_bytes / (up[0] * up[2]))
+    out_s = where(out_bytes == 0.0, 0.0, out_steps * out[1] + out_bytes / (out[0] * out[2]))
+    return up_s + out_s
+
+
 def _two_level_s(kind: CollectiveKind, n_bytes: Num, group: Int, n_local: Int, up: Link, out: Link) -> Num:
     """:func:`collective_time_s` under one latency and efficiency per level."""
     n_l = n_local
+    if kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        t = _ring_time_s(_ring_parts(kind, n_bytes, group, n_l), up, out)
+        return where((group <= 1) | (n_bytes == 0.0), 0.0, t)
     n_o = ceil_div(group, n_l)
     inside = n_o == 1
     one: Link = (where(inside, up[0], out[0]), where(inside, up[1], out[1]), where(inside, up[2], out[2]))
     if kind == "send_recv":
         t = one[1] + n_bytes / (one[0] * one[2])
-    elif kind == "all_to_all":
+    else:
         flat = flat_time_s(kind, n_bytes, group, one)
         g = as_float(group)
         intra = (n_l - 1) / g * n_bytes / (up[0] * up[2])
         inter = (group - n_l) / g * n_bytes / (out[0] * out[2])
         two = maximum(intra, inter) + (n_l - 1) * up[1] + (group - n_l) * out[1]
         t = where(inside | (n_l == 1), flat, two)
-    else:
-        shard = n_bytes / n_l
-        if kind == "all_reduce":
-            t = (
-                flat_time_s("reduce_scatter", n_bytes, n_l, up)
-                + flat_time_s("all_reduce", shard, n_o, out)
-                + flat_time_s("all_gather", n_bytes, n_l, up)
-            )
-        else:
-            # NCCL runs all-gather and reduce-scatter as one ring through every rank: its n−1
-            # steps are (n − n_o) hops inside a domain and (n_o − 1) hops between domains
-            # (NVIDIA/nccl ``src/graph/tuning.cc``, ``nInterSteps``), i.e. (n_l − 1)(n_o − 1) more
-            # scale-up steps than the two phases count.
-            ring_extra_s = (n_l - 1) * (n_o - 1) * up[1]
-            if kind == "reduce_scatter":
-                t = flat_time_s(kind, n_bytes, n_l, up) + flat_time_s(kind, shard, n_o, out) + ring_extra_s
-            else:
-                t = flat_time_s(kind, shard, n_o, out) + flat_time_s(kind, n_bytes, n_l, up) + ring_extra_s
     return where((group <= 1) | (n_bytes == 0.0), 0.0, t)
 
 
