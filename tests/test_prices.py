@@ -41,7 +41,7 @@ TODAY = datetime.date(2026, 12, 1)
 # each says so, and what was searched, in ``sources.price`` (docs/hardware.md lists the searches).
 # The set is held exactly: a price found removes a name, and no accelerator may join it (a new
 # catalog entry comes with a dated price or, announced, the marker).
-PRICE_GAPS = {"mi250x", "tpu-v7", "trn3", "trn2-ultraserver", "wse-3"}
+PRICE_GAPS = {"mi250x", "trn3", "trn2-ultraserver", "wse-3"}
 
 # Accelerators with no dated per-hour rental price (a purchase price at most): estimates and plans
 # need --price for them.
