@@ -25,8 +25,8 @@ from trainplan.bands import (
 from trainplan.cli import main
 from trainplan.validate import bands as vbands
 
-UNCALIBRATED = ("mi250x", "gaudi2", "trn2")
-"""No κ (MI250X's CDNA 2), or a κ with fewer validation rows than a band needs (Gaudi 2, Trn2)."""
+UNCALIBRATED = ("mi250x", "gaudi2", "gaudi3")
+"""No κ (MI250X's CDNA 2), or a κ with fewer validation rows than a band needs (Gaudi 2, Gaudi 3)."""
 
 
 @pytest.fixture(scope="module")
@@ -240,13 +240,17 @@ def test_offload_over_the_host_memory_does_not_fit_whatever_the_device_band() ->
 
 
 def test_compare_labels_uncalibrated_and_says_so_in_words(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["compare", "llama-3.1-8b", "--hardware", "h100-sxm,mi250x,gaudi2,trn2", "--devices", "8"]
+    argv = ["compare", "llama-3.1-8b", "--hardware", "h100-sxm,mi250x,gaudi2,gaudi3,trn2", "--devices", "8"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for name in UNCALIBRATED:
         row = next(line for line in out.splitlines() if f"8×{name} " in line and "dp=" in line)
         assert "uncal −" in row
-    assert "mixes calibrated accelerators (h100-sxm) with uncalibrated ones (gaudi2, mi250x, trn2)" in out
+    assert (
+        "mixes calibrated accelerators (h100-sxm, trn2) with uncalibrated ones (gaudi2, gaudi3, mi250x)"
+        in out
+    )
+    assert "trn2 has no validated run of its own" in out
     assert main([*argv, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     by = {b["hardware"]: b["plan"] for b in d["hardware"]}
@@ -334,7 +338,7 @@ def test_estimate_plot_shows_band_and_uncalibrated_label() -> None:
     pytest.importorskip("matplotlib")
     from trainplan.web import plots
 
-    est = plots._payload(api.estimate("llama-3.1-8b", hardware="trn2", devices=8, zero=3))
+    est = plots._payload(api.estimate("llama-3.1-8b", hardware="gaudi2", devices=8, zero=3))
     fig = plots._figure(9.0, 6.4)
     top, bottom = fig.subplots(2, 1)
     plots._memory_panel(top, est)
@@ -351,9 +355,14 @@ def test_compare_and_plan_plots_tag_uncalibrated_rows() -> None:
     fig = plots._compare_figure(api.compare("llama-3.1-8b", hardware="h100-sxm,mi250x", devices=8))
     text = _texts(fig)
     assert "8×mi250x (uncalibrated)" in text and "8×h100-sxm (uncalibrated)" not in text
-    # a plan plots priced rows only: trn1 has a catalog price and, with three validation rows, no band
-    fig = plots._plan_figure(api.plan("llama-3.1-8b", hardware="h100-sxm,trn1", devices="8", price=2.0))
-    assert "(uncalibrated)" in " ".join(t.get_text() for t in fig.axes[0].texts)
+    # a plan plots priced rows only: gaudi3 has a catalog price and no band of its own family's runs;
+    # trn2 has a price and the Trainium band, measured on Trn1 only
+    fig = plots._plan_figure(
+        api.plan("llama-3.1-8b", hardware="h100-sxm,gaudi3,trn2", devices="8", price=2.0)
+    )
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert "gaudi3 (uncalibrated)" in texts and "trn2 (no run on this part)" in texts
+    assert "h100-sxm (" not in texts
 
 
 def test_plan_mixing_calibrated_and_uncalibrated_says_so() -> None:
@@ -368,12 +377,16 @@ def test_plan_mixing_calibrated_and_uncalibrated_says_so() -> None:
     assert not any("uncalibrated" in s for s in only.ranking)
 
 
-@pytest.mark.parametrize(("hardware", "measured"), [("h100-sxm", True), ("tpu-v5p", True), ("tpu-v7", False)])
+@pytest.mark.parametrize(
+    ("hardware", "measured"),
+    [("h100-sxm", True), ("tpu-v5p", True), ("tpu-v7", False), ("trn1", True), ("trn2", False)],
+)
 def test_band_says_whether_its_family_was_measured_on_this_part(
     hardware: str, measured: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The family's rows decide, not the chosen class's: H100 is measured under other classes
-    of its family, TPU7x under none (its band is the TPU family's error on v5p and v6e)."""
+    of its family, TPU7x under none (its band is the TPU family's error on v5p and v6e), Trn2
+    under none (the Trainium band is measured on Trn1)."""
     argv = ["estimate", "llama-3.1-8b", "--hardware", hardware, "--devices", "8", "--zero", "3"]
     assert main([*argv, "--json"]) == 0
     cal = json.loads(capsys.readouterr().out)["calibration"]

@@ -18,7 +18,7 @@ ARGS = [
     "--max-devices",
     "16",
     "--hardware",
-    "h100-sxm,mi300x,b200,a100-80gb,trn1",
+    "h100-sxm,mi300x,b200,a100-80gb,trn1,trn2,gaudi3",
 ]
 
 
@@ -45,10 +45,12 @@ def test_fastest_and_cheapest_are_the_extremes(capsys: pytest.CaptureFixture[str
 def test_uncalibrated_families_are_named(capsys: pytest.CaptureFixture[str]) -> None:
     d = _choose(capsys)
     by_hw = {o["hardware"]: o for o in d["options"]}
-    # trn1: a fitted κ, but three validation rows, fewer than a band needs
-    assert by_hw["trn1"]["calibrated"] is False and by_hw["h100-sxm"]["calibrated"] is True
+    # gaudi3: a fitted κ (from Gaudi 2 runs), but fewer validation rows than a band needs
+    assert by_hw["gaudi3"]["calibrated"] is False and by_hw["h100-sxm"]["calibrated"] is True
     assert by_hw["mi300x"]["calibrated"] is True  # MLPerf Training v5.1 rows (mlperf51_llama2_70b_lora)
-    assert "uncalibrated" in by_hw["trn1"]["facts"]
+    assert "uncalibrated" in by_hw["gaudi3"]["facts"]
+    # trn2: the Trainium band, measured on Trn1 only: calibrated, and the facts say on which part
+    assert by_hw["trn2"]["calibrated"] is True and "none on trn2 (runs on trn1)" in by_hw["trn2"]["facts"]
     assert any("mixes calibrated and uncalibrated" in v for v in d["verdicts"])
 
 

@@ -183,7 +183,11 @@ def trn2_instance() -> Claim:
             f"16 × {acc.memory_bytes / 2**30:.0f} GiB = {mem / 2**40:.2f} TiB = {mem / TB:.2f} TB",
             f"Llama 3.1 8B pre-training, BF16, 16 chips: MFU {100 * e.throughput.mfu:.0f}% with the Neuron κ "
             f"{e.time.kappa:.3f} fitted on Trn1 runs (band {e.step_band.percent_text()}"
-            + ("" if e.step_band.calibrated else ", uncalibrated: too few Trainium validation rows")
+            + (
+                e.step_band.part_note()
+                if e.step_band.calibrated
+                else ", uncalibrated: too few Trainium validation rows"
+            )
             + ")",
         ),
         verdict=(
