@@ -379,13 +379,20 @@ def test_plan_mixing_calibrated_and_uncalibrated_says_so() -> None:
 
 @pytest.mark.parametrize(
     ("hardware", "measured"),
-    [("h100-sxm", True), ("tpu-v5p", True), ("tpu-v7", False), ("trn1", True), ("trn2", False)],
+    [
+        ("h100-sxm", True),
+        ("tpu-v5p", True),
+        ("tpu-v7", True),
+        ("tpu-v4", False),
+        ("trn1", True),
+        ("trn2", False),
+    ],
 )
 def test_band_says_whether_its_family_was_measured_on_this_part(
     hardware: str, measured: bool, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The family's rows decide, not the chosen class's: H100 is measured under other classes
-    of its family, TPU7x under none (its band is the TPU family's error on v5p and v6e), Trn2
+    of its family, TPU v4 under none (its band is the TPU family's error on v5e, v5p, v6e and TPU7x), Trn2
     under none (the Trainium band is measured on Trn1)."""
     argv = ["estimate", "llama-3.1-8b", "--hardware", hardware, "--devices", "8", "--zero", "3"]
     assert main([*argv, "--json"]) == 0
@@ -399,14 +406,14 @@ def test_band_says_whether_its_family_was_measured_on_this_part(
 
 
 def test_plan_marks_a_part_without_runs_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", "llama-3.1-8b", "--hardware", "tpu-v7,tpu-v5p", "--devices", "8", "--tokens", "1e10"]
+    argv = ["plan", "llama-3.1-8b", "--hardware", "tpu-v4,tpu-v5p", "--devices", "8", "--tokens", "1e10"]
     assert main([*argv, "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     by_part = {p["calibration"]["part"]: p["calibration"]["on_part"] for p in plans}
-    assert by_part == {"tpu-v7": False, "tpu-v5p": True}
+    assert by_part == {"tpu-v4": False, "tpu-v5p": True}
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "tpu-v7 has no validated run of its own (* in the band column)" in out
+    assert "tpu-v4 has no validated run of its own (* in the band column)" in out
     assert "tpu-v5p has no validated run" not in out
-    starred = [line for line in out.splitlines() if "tpu-v7" in line and "%*" in line]
+    starred = [line for line in out.splitlines() if "tpu-v4" in line and "%*" in line]
     assert starred and not any("tpu-v5p" in line and "%*" in line for line in out.splitlines())

@@ -123,12 +123,22 @@ def test_calibrate_rows_are_single_node_pretraining() -> None:
 
 
 def test_tpu_and_trainium_rows_recompute_their_step_time() -> None:
-    """MaxText's v5p step times follow from the published TFLOP/s and MaxText's FLOP count; the
-    tiering and Neuron rows from tokens (sequences) per second; every published MFU matches the
-    published TFLOP/s over the v5p BF16 peak."""
+    """MaxText's v5e / v5p step times follow from the published TFLOP/s and MaxText's FLOP count of
+    the time (the v5e table's attention term counts the full, not the causal, square); the tiering
+    and Neuron rows from tokens (sequences) per second; a published step time (tpu-recipes) agrees
+    with the published tokens/s per chip; every published MFU matches the published TFLOP/s over
+    the chip's BF16 peak."""
+    peak_tflops = {"tpu-v5p": 459, "tpu-v5e": 197}
     for r in ALL["maxtext_tpu"]:
         assert isinstance(r, TimingRow) and r.derived_step_s is not None and r.seq_len and r.micro_batch
-        if r.measured_tokens_per_s_per_device is not None:
+        if r.verification == "VERBATIM":
+            assert r.measured_step_s == r.derived_step_s and r.measured_tokens_per_s_per_device, r.name
+            assert r.global_batch is not None
+            tokens_s = r.global_batch * r.seq_len / r.measured_step_s
+            assert tokens_s / r.num_devices == pytest.approx(r.measured_tokens_per_s_per_device, rel=0.01), (
+                r.name
+            )
+        elif r.measured_tokens_per_s_per_device is not None:
             expected = r.micro_batch * r.seq_len / r.measured_tokens_per_s_per_device
             assert r.derived_step_s == pytest.approx(expected, rel=1e-5), r.name
         else:
@@ -139,12 +149,14 @@ def test_tpu_and_trainium_rows_recompute_their_step_time() -> None:
                 + d.layers * (4 * d.hidden * d.heads * d.head_dim + 2 * d.hidden * d.ffn + 2 * d.hidden)
                 + d.hidden
             )
-            flop = (
-                6 * n * r.seq_len * r.micro_batch
-                + 6 * d.heads * d.layers * d.head_dim * r.seq_len**2 * r.micro_batch
-            )
+            attention = 12 if "NON-causal" in r.mfu_convention else 6
+            assert r.global_batch is not None
+            b = r.global_batch / r.num_devices  # sequences per chip per step (MaxText per-device batch)
+            flop = 6 * n * r.seq_len * b + attention * d.heads * d.layers * d.head_dim * r.seq_len**2 * b
             assert r.derived_step_s == pytest.approx(flop / (r.measured_tflops_per_device * 1e12), rel=1e-5)
-            assert r.measured_tflops_per_device / 459 == pytest.approx(r.measured_mfu, abs=2e-3), r.name
+            mfu = r.measured_tflops_per_device / peak_tflops[r.hardware]
+            # the printed TFLOP/s are rounded to the unit (110 of v5e's 197 is 0.5584 against 0.5606)
+            assert mfu == pytest.approx(r.measured_mfu, abs=3e-3), r.name
     for r in ALL["neuron_trn1"]:
         assert isinstance(r, TimingRow) and r.global_batch == 1024 and r.derived_step_s is not None
         assert r.num_devices == r.dp * r.tp * r.pp or r.verification == "UNVERIFIED", r.name
@@ -210,6 +222,8 @@ def test_derived_step_time_recomputes_from_throughput(name: str) -> None:
     for r in _timing(name):
         if r.derived_step_s is None or "tokens_per_s" not in r.derivation:
             continue
+        if r.verification == "VERBATIM" and r.measured_step_s == r.derived_step_s:
+            continue  # the step time is published; its tokens/s is a rounded cross-check (per dataset)
         assert r.global_batch is not None and r.seq_len is not None
         tokens = r.global_batch * r.seq_len
         if r.measured_tokens_per_s is not None:

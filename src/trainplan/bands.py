@@ -25,7 +25,7 @@ least :data:`MIN_ROWS` validation rows of the quantity (``*`` = pooled over that
 
 A calibrated band also names the catalog parts its family's rows ran on (those of the widest
 class of the chain) and whether the estimated part is one of them (``Band.on_part``): Trn2 and
-Trn3 take the Trainium band measured on Trn1, TPU7x the band measured on v5p and v6e. Every
+Trn3 take the Trainium band measured on Trn1, TPU v4 the band measured on v5e, v5p, v6e and TPU7x. Every
 surface marks such a band ("no validated run on this part"), since how far the part departs
 from its family's measured parts is not measured.
 
@@ -375,7 +375,7 @@ class Band:
     def on_part(self) -> bool:
         """True when at least one validation row of the family ran on the estimated accelerator.
         False for a calibrated band of a family measured only on its other parts (Trn2 from Trn1
-        runs, TPU7x from v5p and v6e runs): the band is that family's error on those parts, and
+        runs, TPU v4 from v5e-TPU7x runs): the band is that family's error on those parts, and
         how far this part departs from them is not measured."""
         return self.part in self.parts
 

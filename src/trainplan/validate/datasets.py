@@ -431,10 +431,12 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             kind="timing",
             metric="step_s",
             mape_bound=0.15,
-            description="MaxText on TPU v5p and v6e (Trillium): Llama 2 70B, Llama 3.1 8B/70B and the "
-            "32B-1T v5p reference models, FSDP (+ TP), BF16, step time from the published MFU or tokens/s",
-            source="AI-Hypercomputer/maxtext docs/reference/models/tiering.md (2025-09) and "
-            "MaxText/configs/v5p/README.md (2023-12)",
+            description="MaxText on TPU v5e, v5p, v6e (Trillium) and TPU7x (Ironwood): Llama 2 70B, Llama 3.1 "
+            "8B/70B/405B, GPT-3 175B, Mistral 7B and the 16B-1T reference models, FSDP (+ TP, + CP), BF16 and "
+            "FP8, step time published or from the published MFU or tokens/s",
+            source="AI-Hypercomputer/maxtext docs/reference/models/tiering.md (2025-09), "
+            "MaxText/configs/v5p/README.md and v5e/README.md (2023-12); AI-Hypercomputer/tpu-recipes "
+            "training/ironwood, trillium and v5p recipes (2025-2026)",
             target=0.10,
             stack="maxtext",
         ),
