@@ -379,6 +379,14 @@ class Band:
         how far this part departs from them is not measured."""
         return self.part in self.parts
 
+    def family_error_text(self) -> str:
+        """How a band with no run on this part reads: ``"its family's error on trn1; how far trn2
+        departs from those parts is not measured"``."""
+        return (
+            f"its family's error on {', '.join(self.parts)}; how far {self.part} departs from those "
+            "parts is not measured"
+        )
+
     def part_note(self) -> str:
         """``""``, or ``"; none on trn2 (runs on trn1)"`` when the family was never measured on this part."""
         if not self.calibrated or self.on_part:

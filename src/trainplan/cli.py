@@ -162,10 +162,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
                 "it pools into; the band is the spread between the calibrated families (docs/validation.md)"
             )
         elif not b.on_part:
-            lines.append(
-                f"  no validated run on {b.part}: the {what} band is the {b.family} family's error on "
-                f"{', '.join(b.parts)}; how far {b.part} departs from those parts is not measured"
-            )
+            lines.append(f"  no validated run on {b.part}: the {what} band is {b.family_error_text()}")
     lines.append("")
     if est.rlhf is not None:
         rl = est.rlhf

@@ -337,14 +337,13 @@ def ranking_statements(plans: Sequence[Plan], objective: Objective) -> tuple[str
             "supports the order"
         )
     other = {
-        p.estimate.system.accelerator.name: p.estimate.step_band.parts
+        p.estimate.system.accelerator.name: p.estimate.step_band
         for p in ordered
         if p.estimate.step_band.calibrated and not p.estimate.step_band.on_part
     }
-    for name, parts in sorted(other.items()):
+    for name, band in sorted(other.items()):
         out.append(
-            f"{name} has no validated run of its own (* in the band column): its band is its family's "
-            f"error on {', '.join(parts)}, and how far {name} departs from those parts is not measured"
+            f"{name} has no validated run of its own (* in the band column): its band is {band.family_error_text()}"
         )
     return tuple(out)
 

@@ -27,7 +27,7 @@ _BAND_PROPERTIES: dict[str, Any] = {
     "parts": {
         "type": "array",
         "items": {"type": "string"},
-        "description": "the accelerators the class's validation rows ran on",
+        "description": "the accelerators the family's validation rows ran on (its widest class)",
     },
     "on_part": {
         "type": "boolean",
