@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
-from trainplan.comm import domain_size, network_from_system, place_group
+from trainplan.comm import domain_size, place_group
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import get_efficiency
 from trainplan.errors import RecipeError
@@ -706,7 +706,7 @@ def decode_tp_allreduce_s(
     if tp <= 1:
         return 0.0
     nbytes = concurrent * model.hidden_size * BYTES_PER_ELEMENT[recipe.weight_dtype]
-    net = network_from_system(system)
+    net = system.network
     one = net.time_s("all_reduce", nbytes, place_group("rollout_tp", tp, 1, domain_size(system)))
     return 2.0 * model.num_layers * one
 
@@ -730,7 +730,7 @@ def gather_s(system: System, gathered_bytes: float, group: int) -> float:
     scale-up domains; Thakur et al. 2005)."""
     if group <= 1 or gathered_bytes == 0:
         return 0.0
-    net = network_from_system(system)
+    net = system.network
     return net.time_s("all_gather", gathered_bytes, place_group("rollout", group, 1, domain_size(system)))
 
 

@@ -56,7 +56,7 @@ from importlib import resources
 from typing import Any, Final, Protocol
 
 from trainplan.attention import AttentionEfficiency, attention_efficiency
-from trainplan.comm import Collective, group_placement, network_from_system, step_collectives
+from trainplan.comm import Collective, group_placement, step_collectives
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency
 from trainplan.flops import (
@@ -791,7 +791,7 @@ def step_time(
     (t_f, t_b, t_r, eta), busiest = max(timed, key=lambda x: x[0][0] + x[0][1] + x[0][2])
 
     # Collectives of the busiest stage.
-    network = network_from_system(system)
+    network = system.network
     placements = group_placement(layout, system)
     counts = count_params(model)
     expert = counts.moe_experts

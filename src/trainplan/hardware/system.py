@@ -7,12 +7,17 @@ board, 72 in an NVL72 rack, the ICI slice on TPU); collectives inside it use
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainplan.errors import CatalogError, TrainplanError
 from trainplan.hardware.accelerator import Accelerator, CloudOffering
 from trainplan.limits import MAX_DEVICES, check_int
+
+if TYPE_CHECKING:
+    from trainplan.comm import Network
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +71,14 @@ class System:
             object.__setattr__(self, "host_memory_given", True)
         if self.offering is not None and not isinstance(self.offering, CloudOffering):
             raise TrainplanError("offering", "must be a CloudOffering or None")
+
+    @functools.cached_property
+    def network(self) -> Network:
+        """The two link levels its collectives run on (:func:`trainplan.comm.network_from_system`
+        at the catalog's efficiencies), built once per system: every estimate on it reads them."""
+        from trainplan.comm import network_from_system
+
+        return network_from_system(self)
 
     @property
     def num_nodes(self) -> int:
