@@ -3,7 +3,8 @@
 Run: ``python benchmarks/bench_vs_llm_analysis.py``. The row is Megatron-LM 2021 Table 1's
 1008B model (128 layers, hidden 25,600, 160 heads, sequence 2,048, TP8·PP64 on 3,072 A100-80GB,
 global batch 3,072, full recompute), taken from the package's validation data. Both tools get
-the documented configuration; the median of repeated calls is printed for each and their ratio
+the documented configuration. The two calls alternate in every round (``interleaved_medians_s``):
+the median of each tool's calls is printed, and the median of the per-round ratio
 (target: trainplan / llm-analysis <= 1).
 
 llm-analysis is not a dependency: install it beside trainplan with
@@ -84,7 +85,10 @@ def interleaved_medians_s(fns: list[Callable[[], object]], rounds: int = 1500) -
 def main() -> None:
     row = next(r for r in timing_rows("megatron2021_table1") if r.name == ROW)
     system, model, recipe, layout, _ = row_inputs(row)
-    ours_fn: Callable[[], object] = lambda: estimate(system, model, recipe, layout)  # noqa: E731
+
+    def ours_fn() -> object:
+        return estimate(system, model, recipe, layout)
+
     theirs_fn = llm_analysis_call()
     print(f"{ROW}: {layout.describe()}, {system.num_devices} × {system.accelerator.name}")
     print(f"{'tool':16s} {'median':>10s}")
