@@ -99,6 +99,8 @@ def test_judged_datasets_never_calibrate() -> None:
         # the Llama 3.1 8B rows chose the Hugging Face memory terms; the 70B rows judge them
         "unsloth_hf_context",
         "gaudi2_megatron_deepspeed",
+        # AMD's PyTorch-stack factor: the torchtitan MI300X row; its H100 twin and ROCm/MAD judge it
+        "torchao_float8_llama3",
     }
     assert {r.split for r in ALL["unsloth_hf_context"] if r.model == "llama-3.1-70b"} == {"validate"}
 
@@ -491,6 +493,8 @@ def test_recipe_columns_default_where_absent() -> None:
         "maxtext_tpu",
         "neuron_trn1",
         "gaudi2_megatron_deepspeed",
+        "torchao_float8_llama3",
+        "rocm_mad_llama31_8b",
     }
     for name, rows in TIMING.items():
         if name in with_recipe:  # these state their optimizer, offload and LoRA / precision settings

@@ -174,15 +174,33 @@ def _overridden(stack: str, generation: str) -> float | None:
     return None
 
 
-def stack_ratio(stack: str) -> float | None:
-    """Geometric mean of κ[stack] / κ[megatron] over the generations where both are fitted."""
+def generation_vendor(generation: str) -> str:
+    """The vendor whose software a generation's κ measures: ``amd`` for the CDNA generations,
+    ``nvidia`` for Ampere, Ada, Hopper and Blackwell, the generation itself otherwise (TPU,
+    Trainium, Gaudi: one generation per vendor)."""
+    if generation.startswith("cdna"):
+        return "amd"
+    if generation in ("ampere", "ada", "hopper", "blackwell"):
+        return "nvidia"
+    return generation
+
+
+def stack_ratio(stack: str, generation: str | None = None) -> float | None:
+    """Geometric mean of κ[stack] / κ[megatron] over the generations where both are fitted: those of
+    ``generation``'s vendor (:func:`generation_vendor`) when the vendor has one, else all. A
+    vendor's PyTorch stack trails its Megatron stack by a measured amount of its own: on MI300X
+    0.73 (torchtitan against AMD's MLPerf Megatron), on Ampere and Hopper 0.86-0.96."""
     cal = _calibration()
-    ratios = [
-        k / cal[("megatron", g)] for (st, g), k in cal.items() if st == stack and ("megatron", g) in cal
+    pairs = [
+        (g, k / cal[("megatron", g)]) for (st, g), k in cal.items() if st == stack and ("megatron", g) in cal
     ]
-    if not ratios:
+    if generation is not None:
+        vendor = generation_vendor(generation)
+        own = [(g, r) for g, r in pairs if generation_vendor(g) == vendor]
+        pairs = own or pairs
+    if not pairs:
         return None
-    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return math.exp(sum(math.log(r) for _, r in pairs) / len(pairs))
 
 
 def kappa_source(accelerator_name: str, stack: str = "megatron") -> str:
@@ -191,7 +209,7 @@ def kappa_source(accelerator_name: str, stack: str = "megatron") -> str:
     cal = _calibration()
     if (stack, gen) in cal or _overridden(stack, gen) is not None:
         return "fitted"
-    if ("megatron", gen) in cal and stack_ratio(stack) is not None:
+    if ("megatron", gen) in cal and stack_ratio(stack, gen) is not None:
         return "ratio"
     if (NATIVE_STACK.get(gen, ""), gen) in cal:
         return "native"
@@ -203,7 +221,7 @@ def calibrated_kappa(accelerator_name: str, stack: str = "megatron") -> float | 
 
     Fitted where the stack has calibration rows on that generation; otherwise the Megatron κ of
     the generation times the stack's mean ratio to Megatron over the generations fitted for both
-    (:func:`stack_ratio`); on a TPU or Trainium generation, the κ of its native stack
+    (:func:`stack_ratio`, the vendor's own generations where it has any); on a TPU or Trainium generation, the κ of its native stack
     (:data:`NATIVE_STACK`); None when none of these is fitted.
     """
     gen = GENERATION.get(accelerator_name, "")
@@ -214,7 +232,7 @@ def calibrated_kappa(accelerator_name: str, stack: str = "megatron") -> float | 
     if (stack, gen) in cal:
         return cal[(stack, gen)]
     base = cal.get(("megatron", gen))
-    ratio = stack_ratio(stack)
+    ratio = stack_ratio(stack, gen)
     if base is not None and ratio is not None:
         return base * ratio
     return cal.get((NATIVE_STACK.get(gen, ""), gen))
@@ -751,7 +769,7 @@ def step_time(
             if source == "ratio":
                 notes.append(
                     f"{acc.name}: no {recipe.stack} calibration rows on its generation; κ is the Megatron κ "
-                    f"times the {recipe.stack}/Megatron ratio of the generations fitted for both"
+                    f"times the {recipe.stack}/Megatron ratio of the generations fitted for both (its vendor's, where it has any)"
                 )
             elif source == "native":
                 native = NATIVE_STACK[GENERATION[acc.name]]

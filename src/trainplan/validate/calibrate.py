@@ -23,6 +23,10 @@ and pipeline bubbles do not blur the compute term —
                          Supermicro, MiTAC, Quanta, GIGABYTE, Cisco, Krai) only validate
     maxtext   tpu        MaxText on one TPU slice: Llama 3.1 8B on v6e-256, Llama 2 70B and the
                          32B reference model on v5p (XLA on TPU; every TPU generation)
+    pytorch   cdna3-750w torchtitan (FSDP2, per-op SAC, torch.compile, BF16) Llama 3.1 8B on 8 × MI300X
+                         (pytorch/ao's float8 README): the one PyTorch-native AMD run published with
+                         its configuration; its H100 twin and ROCm/MAD's Accelerate + Transformer
+                         Engine FP8 runs only validate
     neuron    trainium   NeuronX Distributed Llama 2 7B on 16 trn1.32xlarge (every Trainium chip)
     megatron  gaudi      Intel Gaudi Megatron-DeepSpeed, FP8, one node of 8 Gaudi 2: Llama 2 7B and
                          Llama 3.1 8B (Intel's Gaudi 2 model performance page; every Gaudi chip)
@@ -32,7 +36,9 @@ MLPerf LoRA fine-tuning, one node each. On TPU and Trainium no single-node run i
 published runs, one slice (TPU) or 16 instances (Trainium).
 
 A stack without rows on a generation takes the Megatron κ of that generation times the stack's
-mean ratio to Megatron (``timing.calibrated_kappa``).
+mean ratio to Megatron over the generations of the same vendor fitted for both (AMD's PyTorch
+stack trails AMD's Megatron stack further than NVIDIA's trails NVIDIA's), or over every such
+generation when the vendor has none (``timing.stack_ratio``, ``timing.calibrated_kappa``).
 
 as the least-squares fit of log(predicted / published) (the κ that makes the geometric-mean ratio
 one). Every other row — Megatron-LM 2021 Table 1, Korthikanti Table 5, all multi-node runs, llm-foundry's
@@ -69,6 +75,9 @@ CALIBRATION_SETS: dict[tuple[str, str], tuple[tuple[str, Callable[[TimingRow], b
     ),
     ("pytorch", "hopper"): (
         ("llmfoundry_mpt", lambda r: r.split == "calibrate" and r.hardware == "h100-sxm"),
+    ),
+    ("pytorch", "cdna3-750w"): (
+        ("torchao_float8_llama3", lambda r: r.split == "calibrate" and r.hardware == "mi300x"),
     ),
     ("megatron", "cdna3-750w"): (
         ("mlperf51_llama2_70b_lora", lambda r: r.split == "calibrate" and r.hardware == "mi300x"),

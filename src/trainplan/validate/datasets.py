@@ -369,6 +369,29 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             stack="pytorch",
         ),
         DatasetInfo(
+            name="torchao_float8_llama3",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.15,
+            description="Llama 3.1 8B on one node of 8 H100 and of 8 MI300X with the same torchtitan recipe "
+            "(FSDP2, batch 1, sequence 8192, per-op SAC, torch.compile, BF16): the PyTorch-native pair "
+            "across vendors; the MI300X row fits the AMD PyTorch kappa, the H100 row judges NVIDIA's",
+            source="pytorch/ao torchao/float8/README.md 'Training benchmarks' at 9519bebb (MI300X rows 2025-08-11)",
+            target=0.10,
+            stack="pytorch",
+        ),
+        DatasetInfo(
+            name="rocm_mad_llama31_8b",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.40,
+            description="Llama 3.1 8B on 8 MI300X, Hugging Face Accelerate FSDP + Transformer Engine FP8 on "
+            "ROCm, micro-batch 2-6, sequence 4096/8192, no checkpointing: AMD's reference numbers, judging "
+            "the AMD PyTorch kappa fitted on the torchtitan run",
+            source="ROCm/MAD scripts/pytorch_train/llama3_1_8B/README.md at 07c1f2e4 (undated, no earlier than 2024-07)",
+            stack="pytorch",
+        ),
+        DatasetInfo(
             name="nemo2407_h100",
             kind="timing",
             metric="tokens_per_s",
@@ -457,9 +480,12 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             metric="step_s",
             mape_bound=0.20,
             description="Llama 2 7B/13B/70B and Llama 3.1 8B/70B pre-training on 8-64 Gaudi 2, Intel Gaudi "
-            "Megatron-DeepSpeed, TP/PP/DP, FP8, selective recompute; step time from the published tokens/s",
+            "Megatron-DeepSpeed, TP/PP/DP, FP8, selective recompute, step time from the published tokens/s; "
+            "GPT-3 175B on 256, 384 and 1,024 Gaudi 2 (Intel's MLPerf Training v3.1 and v4.0 Megatron-DeepSpeed "
+            "runs), step time from the logged evaluation intervals",
             source="Intel Gaudi 2 model performance page (training, software 1.19.0) and "
-            "HabanaAI/Megatron-DeepSpeed README.md / scripts/run_llama.sh at 470cc029",
+            "HabanaAI/Megatron-DeepSpeed README.md / scripts/run_llama.sh at 470cc029; "
+            "mlcommons/training_results_v3.1 (f33f9444) and v4.0 (62f111b7) Intel-HabanaLabs gpt3",
             target=0.15,
         ),
         DatasetInfo(
