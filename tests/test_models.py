@@ -60,6 +60,7 @@ PUBLISHED_TOTAL: dict[str, tuple[int, str]] = {
     "qwen2.5-72b": (72_706_203_648, "Hub safetensors.total of Qwen/Qwen2.5-72B-Instruct"),
     "qwen1.5-moe-a2.7b": (14_315_784_192, "Hub safetensors.total of Qwen/Qwen1.5-MoE-A2.7B"),
     "qwen3-30b-a3b": (30_532_122_624, "GGUF general.parameter_count of Qwen3-30B-A3B"),
+    "qwen3-235b-a22b": (235_093_634_560, "Hub API safetensors.total of Qwen/Qwen3-235B-A22B"),
     "gemma-2-9b": (9_241_705_984, "Hub API safetensors.total of google/gemma-2-9b"),
     "phi-3-mini": (3_821_079_552, "Hub safetensors.total of microsoft/Phi-3-mini-4k-instruct"),
     "olmo-2-7b": (7_298_617_344, "Hub API safetensors.total of allenai/OLMo-2-1124-7B"),
@@ -73,6 +74,7 @@ PUBLISHED_ACTIVE: dict[str, tuple[int, float]] = {
     "mixtral-8x22b": (39_152_031_744, 39e9),  # Mistral AI: "39B active parameters"
     "qwen1.5-moe-a2.7b": (2_689_173_504, 2.7e9),  # model card: "2.7B activated parameters"
     "qwen3-30b-a3b": (3_353_032_704, 3.3e9),  # model card: "30.5B total, 3.3B activated"
+    "qwen3-235b-a22b": (22_190_763_520, 22e9),  # model card: "235B total, 22B activated"
 }
 
 

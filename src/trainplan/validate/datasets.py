@@ -67,6 +67,7 @@ PRESETS: Final = (
     "mixtral-8x22b",
     "qwen2.5-7b",
     "qwen2.5-72b",
+    "qwen3-235b-a22b",
     "gemma-2-9b",
     "gpt3-175b",
 )
