@@ -28,6 +28,11 @@ def _kernel_note(recipe: Recipe) -> str:
         notes.append("PEFT k-bit FP32 upcast")
     if recipe.logits_shift_copy:
         notes.append("shifted-logits copy")
+    if recipe.moe_capacity_factor is not None:
+        notes.append(
+            f"MoE capacity factor {recipe.moe_capacity_factor:g} (padded expert buffers, "
+            f"{recipe.moe_dispatch} dispatch)"
+        )
     return "".join(", " + n for n in notes)
 
 

@@ -70,6 +70,7 @@ from typing import Any, Final, Literal, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import CatalogError, LayoutError, TrainplanError
+from trainplan.flops import expert_slot_ratio
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, ceil_div, logical_not, maximum, minimum, where
@@ -1332,7 +1333,7 @@ class TrafficInputs:
     trainable_expert_params: Num
     granularity: str = "block"
     overlap_param_gather: bool = False
-    capacity_factor: float = 1.0
+    capacity_factor: float = 1.0  # routed-expert slots per routed token (flops.expert_slot_ratio)
 
 
 def step_traffic(
@@ -1467,7 +1468,6 @@ def step_collectives(
     trainable_dense_params: float | None = None,
     trainable_expert_params: float | None = None,
     micro_batches: int = 1,
-    capacity_factor: float = 1.0,
     overlap_param_gather: bool = False,
     device_bytes_per_s: float = 0.0,
 ) -> tuple[Collective, ...]:
@@ -1504,7 +1504,7 @@ def step_collectives(
             else trainable_expert_params,
             granularity=layout.zero3_granularity,
             overlap_param_gather=overlap_param_gather,
-            capacity_factor=capacity_factor,
+            capacity_factor=expert_slot_ratio(spec, recipe),
         ),
     )
     return timed_collectives(traffic, network, placements, device_bytes_per_s)

@@ -118,6 +118,87 @@ def _attention_core_flops(spec: ModelSpec, b: float, s: float, causal: bool) -> 
     return full / 2.0 if causal else full
 
 
+def capacity_slots(seq_len: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Token slots C of each routed expert per sequence under a capacity factor cf:
+    ``C = int(max(ceil(S·K/E)·cf, cf))`` (MaxText ``MaxText/layers/moe.py`` ``generate_masks``,
+    14b5876e L630-642: the capacity of one expert for one sequence of a training batch; ``int``
+    truncates after the product). Mixtral (E 8, K 2) at S 4096, cf 1.25: C = 1280."""
+    return int(max(math.ceil(seq_len * top_k / num_experts) * capacity_factor, capacity_factor))
+
+
+def expert_slot_ratio(spec: ModelSpec, recipe: Recipe) -> float:
+    """Expert token slots per routed token, ``E·C / (S·K)`` (:func:`capacity_slots`): the factor by
+    which capacity padding (``Recipe.moe_capacity_factor``) grows the routed experts' executed
+    GEMM FLOPs, their saved activations and the expert all-to-all buffers (each expert runs on all
+    C slots, filled or not: MaxText ``moe.py`` L814-844). 1 for dropless routing or a dense model."""
+    moe = spec.moe
+    cf = recipe.moe_capacity_factor
+    if moe is None or cf is None:
+        return 1.0
+    slots = capacity_slots(recipe.seq_len, moe.top_k, moe.num_experts, cf)
+    return moe.num_experts * slots / (recipe.seq_len * moe.top_k)
+
+
+def moe_einsum_flops(spec: ModelSpec, recipe: Recipe, b: float) -> float:
+    """Forward FLOPs of the one-hot dispatch and combine matmuls of one MoE layer over ``b``
+    sequences (``Recipe.moe_dispatch = "einsum"``; 0 otherwise).
+
+    GShard (Lepikhin et al. 2020, Sec. 2.2, Algorithm 2) and MaxText ``dense_matmul`` (``moe.py``
+    14b5876e L773-775, L855-860) dispatch with ``BSM,BSEC -> EBCM`` and combine with
+    ``EBCM,BSEC -> BSM``: dense matmuls against a (S, E·C) one-hot mask per sequence, each
+    2·S·E·C·h FLOPs. With E·C ≈ cf·S·K per sequence they cost ≈ 2·cf·K·S·h per token each, so the
+    cost per token grows with the sequence length. The backward runs three of them with full
+    training (the input gradient of the dispatch, whose mask is boolean; the expert-output and
+    the router-weight gradients of the combine) and two when the router is frozen (PEFT): see
+    :func:`_layer_passes`."""
+    moe = spec.moe
+    if moe is None or recipe.moe_dispatch != "einsum" or recipe.moe_capacity_factor is None:
+        return 0.0
+    s = recipe.seq_len
+    ec = moe.num_experts * capacity_slots(s, moe.top_k, moe.num_experts, recipe.moe_capacity_factor)
+    return 2.0 * (2.0 * b * s * ec * spec.hidden_size)
+
+
+MoEGemmRouting = tuple[float, tuple[int, int] | None]
+"""(:func:`expert_slot_ratio`, (S, E·C) of the one-hot einsums or None): what :func:`layer_gemms`
+needs of the recipe's MoE routing."""
+DROPLESS: Final[MoEGemmRouting] = (1.0, None)
+
+
+def moe_gemm_routing(spec: ModelSpec, recipe: Recipe) -> MoEGemmRouting:
+    """The routing figures :func:`layer_gemms` shapes the expert and einsum GEMMs by."""
+    moe = spec.moe
+    cf = recipe.moe_capacity_factor
+    if moe is None or cf is None:
+        return DROPLESS
+    shape = None
+    if recipe.moe_dispatch == "einsum":
+        shape = (
+            recipe.seq_len,
+            moe.num_experts * capacity_slots(recipe.seq_len, moe.top_k, moe.num_experts, cf),
+        )
+    return expert_slot_ratio(spec, recipe), shape
+
+
+def check_moe_routing(recipe: Recipe, layout: Layout) -> None:
+    """Refuse the layouts under which capacity-padded or einsum-dispatched routing is not
+    modelled: the capacity is per whole sequence (MaxText's training groups), which context
+    parallelism splits; the einsums run on the whole hidden width of a sequence, which tensor
+    parallelism would replicate or split in ways no published implementation fixes."""
+    if recipe.moe_capacity_factor is not None and layout.cp > 1:
+        raise LayoutError(
+            "cp",
+            f"--moe-capacity-factor with context parallelism (cp={layout.cp}): the capacity is counted per "
+            "whole sequence, which cp splits across devices; use --cp 1, or dropless routing",
+        )
+    if recipe.moe_dispatch == "einsum" and layout.tp > 1:
+        raise LayoutError(
+            "tp",
+            f"--moe-dispatch einsum with tensor parallelism (tp={layout.tp}) is not modelled (GShard and "
+            "MaxText run the one-hot einsums on whole hidden vectors); use --tp 1, or --moe-dispatch gather",
+        )
+
+
 def layer_forward_flops(
     spec: ModelSpec, layer_idx: int, b: float, s: float, causal: bool = True
 ) -> LayerFlops:
@@ -211,7 +292,14 @@ class Gemm:
 
 
 def layer_gemms(
-    spec: ModelSpec, layer_idx: int, tokens: float, *, tp: int = 1, ep: int = 1
+    spec: ModelSpec,
+    layer_idx: int,
+    tokens: float,
+    *,
+    tp: int = 1,
+    ep: int = 1,
+    slot_ratio: float = 1.0,
+    einsum: tuple[int, int] | None = None,
 ) -> tuple[Gemm, ...]:
     """Forward weight GEMMs of one layer on one device that holds ``tokens`` tokens.
 
@@ -220,6 +308,11 @@ def layer_gemms(
     down) by ``tp``. Routed experts under balanced routing: each of the ``E/ep`` local experts sees
     ``tokens·K·ep/E`` tokens (the ep group's tokens spread evenly; Fedus et al. 2021, Sec. 2.2 with
     capacity factor 1). The router is not split by tp.
+
+    ``slot_ratio`` (:func:`expert_slot_ratio`): each expert runs on its padded capacity, ratio
+    times the balanced rows. ``einsum`` = (S, E·C): the one-hot dispatch ``BSM,BSEC -> EBCM`` is
+    one (E·C × S)·(S × h) matmul per sequence and the combine ``EBCM,BSEC -> BSM`` one
+    (S × E·C)·(E·C × h) (:func:`moe_einsum_flops`).
     """
     _check_layer(spec, layer_idx)
     h = spec.hidden_size
@@ -231,13 +324,20 @@ def layer_gemms(
     moe = spec.moe
     if moe is not None and spec.is_moe_layer(layer_idx):
         local = moe.num_experts / ep
-        per_expert = tokens * moe.top_k * ep / moe.num_experts
+        per_expert = tokens * moe.top_k * ep / moe.num_experts * slot_ratio
         fe = moe.expert_ffn_hidden / tp
         gemms += [
             Gemm(name="router", m=tokens, n=moe.num_experts, k=h),
             Gemm(name="expert_up", m=per_expert, n=fe, k=h, count=local * up_count),
             Gemm(name="expert_down", m=per_expert, n=h, k=fe, count=local),
         ]
+        if einsum is not None:
+            seq, ec = einsum
+            sequences = tokens / seq
+            gemms += [
+                Gemm(name="moe_dispatch", m=ec, n=h, k=seq, count=sequences),
+                Gemm(name="moe_combine", m=seq, n=h, k=ec, count=sequences),
+            ]
         if moe.num_shared_experts:
             fs = moe.shared_width / tp
             gemms += [
@@ -396,12 +496,21 @@ def layer_memory_traffic(
     direction: Direction = "forward",
     dropout: bool = False,
     eager: bool = False,
+    slot_ratio: float = 1.0,
+    einsum_dispatch: bool = False,
 ) -> LayerMemoryTraffic:
     """Bytes moved by the memory-bound ops of one forward or backward of one layer (see the class).
 
     ``eager``: RMSNorms, rotary embeddings and gated activations as PyTorch's eager chains of
     kernels (:func:`eager_kernels`), their traffic scaled by :data:`EAGER_RMSNORM_TRAFFIC`,
-    :data:`EAGER_ROTARY_TRAFFIC` and :data:`EAGER_GATED_ACTIVATION_TRAFFIC`."""
+    :data:`EAGER_ROTARY_TRAFFIC` and :data:`EAGER_GATED_ACTIVATION_TRAFFIC`.
+
+    ``slot_ratio``: routed-expert slots per routed token (:func:`expert_slot_ratio`): the expert
+    activation runs on the padded slots. ``einsum_dispatch``: tokens reach the experts by the
+    one-hot matmuls of :func:`moe_einsum_flops`, whose operands the GEMM roofline owns, so there is
+    no gather/scatter traffic (``moe_permute`` 0); building the one-hot masks (integer and 1- or
+    2-byte elements, S·E·C per sequence) is not counted: against the 2·h FLOPs per mask element of
+    each einsum it is a few bytes."""
     _check_layer(spec, layer_idx)
     bwd = direction == "backward"
     t = b * s
@@ -416,7 +525,7 @@ def layer_memory_traffic(
     moe = spec.moe
     is_moe = moe is not None and spec.is_moe_layer(layer_idx)
     if moe is not None and is_moe:
-        act_width = moe.top_k * moe.expert_ffn_hidden + moe.num_shared_experts * moe.shared_width
+        act_width = slot_ratio * moe.top_k * moe.expert_ffn_hidden + moe.num_shared_experts * moe.shared_width
     else:
         act_width = spec.ffn_hidden
     if spec.gated:
@@ -446,7 +555,7 @@ def layer_memory_traffic(
     moe_permute = 0.0
     router = 0.0
     if moe is not None and is_moe:
-        moe_permute = (3.0 * t * moe.top_k * h + t * h) * e
+        moe_permute = 0.0 if einsum_dispatch else (3.0 * t * moe.top_k * h * slot_ratio + t * h) * e
         router = 2.0 * t * moe.num_experts * e
     return LayerMemoryTraffic(
         norms=norms,
@@ -736,8 +845,20 @@ def _layer_passes(
     e = BYTES_PER_ELEMENT[recipe.weight_dtype]
     drop = recipe.dropout > 0.0
     eager = eager_kernels(recipe)
+    moe_layer = spec.moe is not None and spec.is_moe_layer(i)
+    ratio = expert_slot_ratio(spec, recipe) if moe_layer else 1.0
+    einsum = moe_layer and recipe.moe_dispatch == "einsum"
     fwd_mem = layer_memory_traffic(
-        spec, i, b, s, dtype_bytes=e, attention=recipe.attention, dropout=drop, eager=eager
+        spec,
+        i,
+        b,
+        s,
+        dtype_bytes=e,
+        attention=recipe.attention,
+        dropout=drop,
+        eager=eager,
+        slot_ratio=ratio,
+        einsum_dispatch=einsum,
     )
     bwd_mem = layer_memory_traffic(
         spec,
@@ -749,6 +870,8 @@ def _layer_passes(
         direction="backward",
         dropout=drop,
         eager=eager,
+        slot_ratio=ratio,
+        einsum_dispatch=einsum,
     )
     tpcp = split.sharded
     rep = split.replicated_unless_sp
@@ -764,10 +887,21 @@ def _layer_passes(
     lora = recipe.lora if recipe.is_peft else None
     if lora is not None:
         adapter_fwd = lora_adapter_flops_per_token(spec, i, lora) * b * s / tpcp
-    fwd_gemm = weights_fwd + adapter_fwd
+    # Capacity padding and einsum dispatch (Recipe.moe_capacity_factor, moe_dispatch): executed,
+    # never model FLOPs. The padded slots of the routed experts cost (ratio − 1) of their GEMMs;
+    # the dispatch and combine einsums are replicated work outside the experts.
+    padding_fwd = einsum_fwd = 0.0
+    if moe_layer and spec.moe is not None:
+        routed_fwd = 2.0 * b * s * spec.hidden_size * spec.moe.top_k * spec.moe.expert_ffn_hidden
+        padding_fwd = (ratio - 1.0) * routed_fwd * _mlp_matrices(spec) / tpcp
+        einsum_fwd = moe_einsum_flops(spec, recipe, b) / tpcp
+    fwd_gemm = weights_fwd + adapter_fwd + padding_fwd + einsum_fwd
     forward = PassCost(gemm_flops=fwd_gemm, attention_flops=attn_fwd, memory_bytes=mem(fwd_mem))
 
     base_bwd_factor = 1.0 if lora is not None else 2.0  # frozen base: dX only
+    # einsum backward: dX of the dispatch; d(expert output) and, with a trained router, d(weights)
+    # of the combine (moe_einsum_flops)
+    einsum_bwd = (1.0 if lora is not None else 1.5) * einsum_fwd
     # With a frozen embedding the first layer's input needs no gradient: autograd skips the input
     # gradients of the linears that read it (q, k, v and their adapters' A matrices), as traced.
     skipped_dx = 0.0
@@ -778,7 +912,10 @@ def _layer_passes(
         skipped_dx += n_qkv * 2.0 * b * s * lora.rank * h_in / tpcp
     flash_recompute = fl.attn_scores / tpcp if recipe.attention == "flash" else 0.0
     backward = PassCost(
-        gemm_flops=base_bwd_factor * weights_fwd + 2.0 * adapter_fwd - skipped_dx,
+        gemm_flops=base_bwd_factor * (weights_fwd + padding_fwd)
+        + einsum_bwd
+        + 2.0 * adapter_fwd
+        - skipped_dx,
         attention_flops=2.0 * attn_fwd + flash_recompute,
         memory_bytes=mem(bwd_mem),
     )
@@ -1002,6 +1139,7 @@ def step_flops(
         check_sac(spec, layout)
     whole = layout if layout is not None else Layout()
     check_layer_selective(recipe, whole)
+    check_moe_routing(recipe, whole)
     sequences = step_sequences(recipe, layout)
     b = float(sequences)
     split = _Split()
@@ -1146,6 +1284,7 @@ def device_flops(
     if recipe.recompute == "sac":
         check_sac(spec, layout)
     check_layer_selective(recipe, layout)
+    check_moe_routing(recipe, layout)
     sequences = step_sequences(recipe, layout)
     per_step = layout.dp * recipe.micro_batch
     if sequences % per_step != 0:

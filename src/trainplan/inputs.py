@@ -57,6 +57,7 @@ from trainplan.recipe import (
     ATTENTIONS,
     LORA_TARGETS,
     METHODS,
+    MOE_DISPATCHES,
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
@@ -608,6 +609,25 @@ RECIPE_FIELDS: Final = (
         "paged_optimizer",
         "recipe",
         "optimizer states in CUDA unified memory (bitsandbytes Paged*), outside the allocator",
+    ),
+    Field(
+        name="moe_capacity_factor",
+        group="recipe",
+        type=float,
+        positive=True,
+        metavar="CF",
+        help="token-dropping MoE on capacity-padded expert buffers: each expert computes "
+        "int(ceil(S*K/E)*CF) token slots per sequence, filled or not (MaxText capacity_factor; Megatron "
+        "--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity); default: dropless",
+    ),
+    Field(
+        name="moe_dispatch",
+        group="recipe",
+        default=_default(Recipe, "moe_dispatch"),
+        choices=MOE_DISPATCHES,
+        help="how MoE tokens reach their experts: gather (index permutation and grouped GEMMs: Megatron, "
+        "torchtitan, Hugging Face, MaxText sparse_matmul) or einsum (GShard one-hot dispatch and combine "
+        "matmuls, MaxText sparse_matmul=False; needs --moe-capacity-factor)",
     ),
 )
 
@@ -1447,6 +1467,8 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         and (applied.values["stack"] == "pytorch" or "torch_compile" in applied.explicit),
         recompute_every=values.get("recompute_every") or 1,
         stack=applied.values["stack"],  # type: ignore[arg-type]
+        moe_capacity_factor=values.get("moe_capacity_factor"),
+        moe_dispatch=values.get("moe_dispatch") or "gather",
     )
 
 

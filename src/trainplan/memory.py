@@ -38,7 +38,7 @@ from typing import Any, Final, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import RecipeError, TrainplanError
-from trainplan.flops import check_layer_selective
+from trainplan.flops import capacity_slots, check_layer_selective, check_moe_routing, expert_slot_ratio
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
@@ -651,22 +651,37 @@ def layer_activations(
         moe = model.moe
         k = moe.top_k
         routed_tokens = tokens * k  # balanced routing: each rank processes b·s·K token-expert pairs
+        # capacity padding (Recipe.moe_capacity_factor): each expert runs on all its C slots
+        slots = routed_tokens * expert_slot_ratio(model, recipe)
         terms["router_probs"] = 4.0 * tokens * moe.num_experts
-        # int64 top-k indices (saved by ``topk``), the dispatch sort order (saved by the
-        # ``index_select`` that gathers the scores) and the token index of each routed row
-        # (saved by the ``index_select`` that gathers the tokens and by ``index_add``), and the
-        # selected scores cast to the compute dtype (saved by the product with the outputs)
-        terms["routing_indices"] = (8.0 + 8.0 + 8.0 + e) * routed_tokens
-        terms["expert_inputs"] = e * routed_tokens * h
-        terms.update(
-            _mlp_terms(model, routed_tokens, moe.expert_ffn_hidden / t, e, "expert_", down_trained=down)
-        )
-        terms["expert_outputs"] = e * routed_tokens * h
-        # The score-weighted expert outputs are added back with ``index_add`` (Hugging Face
-        # ``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock``: ``final_hidden_states.index_add_``),
-        # whose derivative ``source: grad.index_select(dim, index).expand_as(source)``
-        # (tools/autograd/derivatives.yaml) saves the whole source tensor.
-        terms["expert_weighted_outputs"] = e * routed_tokens * h
+        if recipe.moe_dispatch == "einsum" and recipe.moe_capacity_factor is not None:
+            # GShard / MaxText dense_matmul (moe.py 14b5876e L677-689): the boolean dispatch mask
+            # (saved for the input gradient of ``BSM,BSEC -> EBCM``) and the 16-bit combine mask,
+            # router weights times the one-hot slot positions (saved for the gradients of
+            # ``EBCM,BSEC -> BSM``), each b·S·E·C elements; no index tensors
+            ec = moe.num_experts * capacity_slots(
+                recipe.seq_len, k, moe.num_experts, recipe.moe_capacity_factor
+            )
+            masks = b * recipe.seq_len * ec
+            terms["dispatch_mask"] = 1.0 * masks
+            terms["combine_mask"] = e * masks
+        else:
+            # int64 top-k indices (saved by ``topk``), the dispatch sort order (saved by the
+            # ``index_select`` that gathers the scores) and the token index of each routed row
+            # (saved by the ``index_select`` that gathers the tokens and by ``index_add``), and the
+            # selected scores cast to the compute dtype (saved by the product with the outputs)
+            terms["routing_indices"] = (8.0 + 8.0 + 8.0 + e) * routed_tokens
+        terms["expert_inputs"] = e * slots * h
+        terms.update(_mlp_terms(model, slots, moe.expert_ffn_hidden / t, e, "expert_", down_trained=down))
+        # the combine's einsum, or the product with the scores, saves the experts' outputs
+        terms["expert_outputs"] = e * slots * h
+        if recipe.moe_dispatch == "gather":
+            # The score-weighted expert outputs are added back with ``index_add`` (Hugging Face
+            # ``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock``: ``final_hidden_states.index_add_``),
+            # whose derivative ``source: grad.index_select(dim, index).expand_as(source)``
+            # (tools/autograd/derivatives.yaml) saves the whole source tensor (the routed rows;
+            # padded slots are dropped before it).
+            terms["expert_weighted_outputs"] = e * routed_tokens * h
         if moe.num_shared_experts:
             terms.update(
                 _mlp_terms(
@@ -1653,6 +1668,7 @@ def memory_breakdown(
     if recipe.recompute == "sac":
         check_sac(model, layout)
     check_layer_selective(recipe, layout)
+    check_moe_routing(recipe, layout)
     stages = candidate_stages(model, layout)
     host = (host_capacity_bytes_per_node, devices_on_node)
     check_memory_margin(memory_margin)

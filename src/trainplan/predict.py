@@ -192,6 +192,8 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "kbit_fp32_upcast": recipe.kbit_fp32_upcast,
         "logits_shift_copy": recipe.logits_shift_copy,
         "softmax_fp32": recipe.softmax_fp32,
+        "moe_capacity_factor": recipe.moe_capacity_factor,
+        "moe_dispatch": recipe.moe_dispatch,
     }
     if recipe.lora is not None:
         out["lora"] = {

@@ -55,6 +55,8 @@ Offload = Literal["none", "optimizer", "optimizer+params"]
 # Training, NeMo-Megatron for Neuron: PyTorch/XLA lowered by the Neuron compiler). Each has its
 # own κ fitted on its family's runs (``hardware/data/calibration.toml``).
 Stack = Literal["megatron", "pytorch", "deepspeed", "maxtext", "neuron"]
+# How an MoE layer moves tokens to its experts (``Recipe.moe_dispatch``).
+MoEDispatch = Literal["gather", "einsum"]
 
 # RLHF / preference training (trainplan.rlhf): how the actor is trained, where its reference comes
 # from, and how the models share the devices.
@@ -75,6 +77,10 @@ RECOMPUTES: Final = get_args(Recompute)
 ATTENTIONS: Final = get_args(Attention)
 OFFLOADS: Final = get_args(Offload)
 STACKS: Final = get_args(Stack)
+MOE_DISPATCHES: Final = get_args(MoEDispatch)
+MAX_CAPACITY_FACTOR: Final = 64.0
+"""Largest accepted ``moe_capacity_factor``: at cf ≥ E/K every expert already has a slot for every
+token of the sequence, so larger factors only pad more."""
 
 LORA_TARGETS: Final = ("q", "k", "v", "o", "gate", "up", "down")
 PAGED_OPTIMIZERS: Final = (
@@ -311,6 +317,30 @@ class Recipe:
     (``PagedAdamW``, ``PagedAdamW8bit``, ``PagedLion``; Dettmers et al. 2023, QLoRA Sec. 3 "Paged
     Optimizers") allocate them: outside PyTorch's caching allocator, paged to host memory by the
     driver under memory pressure."""
+    moe_capacity_factor: float | None = None
+    """Token-dropping MoE with capacity-padded expert buffers: every routed expert runs its GEMMs on
+    ``C = int(max(ceil(S·K/E)·cf, cf))`` token slots per sequence of ``S`` tokens, filled or not
+    (MaxText ``MaxText/layers/moe.py`` ``generate_masks`` at 14b5876e, L630-642: capacity per expert
+    and per sequence in training; the expert einsums ``EBCM,EMH -> EBCH`` run on all C slots,
+    L814-844; Megatron-Core ``--moe-expert-capacity-factor`` with
+    ``--moe-pad-expert-input-to-capacity`` pads the same way). The executed expert FLOPs, the
+    saved expert activations and the all-to-all buffers grow by ``E·C / (S·K)``
+    (:func:`trainplan.flops.expert_slot_ratio`, ≈ cf); model FLOPs (MFU) stay at K experts per
+    token, as MaxText's own counter keeps them (``maxtext_utils.py`` "calculation based on dropless
+    implementation"). ``None``: dropless routing, each expert computing the tokens routed to it
+    (balanced: ``S·K/E`` per sequence). Under balanced routing a capacity factor without padding
+    drops no token and costs what dropless costs: leave it ``None`` then. MoE models only."""
+    moe_dispatch: MoEDispatch = "gather"
+    """How an MoE layer moves tokens to its experts and back (``MOE_DISPATCHES``).
+
+    ``"gather"``: index permutation (gather or sort the routed rows, grouped or per-expert GEMMs,
+    scatter or ``index_add`` back: Megatron-Core, torchtitan, Hugging Face, DeepSpeed-MoE's
+    grouped path, MaxText ``sparse_matmul``); its memory-bound traffic is the ``moe_permute``
+    term. ``"einsum"``: GShard's one-hot dispatch and combine matmuls (Lepikhin et al. 2020,
+    Sec. 2.2; MaxText ``dense_matmul`` with a capacity factor, ``moe.py`` L773-775 and L855-860:
+    ``BSM,BSEC -> EBCM`` and ``EBCM,BSEC -> BSM`` over the whole sequence), each
+    ``2·S·E·C·h`` FLOPs per sequence in the forward, so quadratic in the sequence length
+    (:func:`trainplan.flops.moe_einsum_flops`); it needs ``moe_capacity_factor``."""
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -320,6 +350,22 @@ class Recipe:
         _check_choice("attention", self.attention, ATTENTIONS)
         _check_choice("offload", self.offload, OFFLOADS)
         _check_choice("stack", self.stack, STACKS)
+        _check_choice("moe_dispatch", self.moe_dispatch, MOE_DISPATCHES)
+        if self.moe_capacity_factor is not None:
+            check_real(
+                "moe_capacity_factor",
+                self.moe_capacity_factor,
+                low=1e-3,
+                high=MAX_CAPACITY_FACTOR,
+                error=RecipeError,
+                what="expert slots per routed token",
+            )
+        if self.moe_dispatch == "einsum" and self.moe_capacity_factor is None:
+            raise RecipeError(
+                "moe_dispatch",
+                "one-hot einsum dispatch sizes its buffers by a capacity factor (C slots per expert); "
+                "give --moe-capacity-factor (MaxText capacity_factor, e.g. 1.25) or use --moe-dispatch gather",
+            )
         check_int("seq_len", self.seq_len, high=MAX_SEQ_LEN, error=RecipeError, what="tokens per sequence")
         check_int("micro_batch", self.micro_batch, high=MAX_SEQUENCES, error=RecipeError, what="sequences")
         if self.global_batch is not None:
@@ -498,6 +544,7 @@ def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
     * A sequence longer than a learned position table (GPT-2 ``wpe``: ``n_positions`` rows): the
       model has no position embedding for the later tokens. Rotary, ALiBi and position-free models
       take any length.
+    * MoE routing settings (``moe_capacity_factor``, ``moe_dispatch``) on a dense model.
     * A LoRA rank above the smaller side of an adapted matrix: ``ΔW = B·A`` (``B``: out×r, ``A``:
       r×in) has rank at most ``min(in, out)`` (Hu et al. 2021, Sec. 4.1), so a larger ``r`` adds
       parameters and FLOPs, not capacity; at ranks near the hidden size the adapters outgrow the
@@ -512,6 +559,17 @@ def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
         )
     if recipe.lora is not None:
         _check_lora_rank(model, recipe.lora)
+    if model.moe is None:
+        for name, set_ in (
+            ("moe_capacity_factor", recipe.moe_capacity_factor is not None),
+            ("moe_dispatch", recipe.moe_dispatch != "gather"),
+        ):
+            if set_:
+                raise RecipeError(
+                    name,
+                    f"{model.name} is a dense model (no experts), so --{name.replace('_', '-')} has nothing "
+                    "to act on; drop it or choose an MoE model",
+                )
 
 
 def _check_lora_rank(model: ModelSpec, lora: LoRASpec) -> None:

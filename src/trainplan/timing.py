@@ -60,10 +60,13 @@ from trainplan.comm import Collective, group_placement, step_collectives
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency
 from trainplan.flops import (
+    DROPLESS,
+    MoEGemmRouting,
     PassCost,
     StageFlops,
     device_flops,
     layer_gemms,
+    moe_gemm_routing,
     optimizer_update_bytes,
     step_flops,
 )
@@ -302,7 +305,13 @@ class TimeBreakdown:
 
 
 def _stage_gemm_efficiency(
-    model: ModelSpec, layers: tuple[int, ...], tokens: int, layout: Layout, eff: DeviceEfficiency, dtype: str
+    model: ModelSpec,
+    layers: tuple[int, ...],
+    tokens: int,
+    layout: Layout,
+    eff: DeviceEfficiency,
+    dtype: str,
+    routing: MoEGemmRouting = DROPLESS,
 ) -> float:
     """FLOP-weighted harmonic mean of η_gemm over the stage's forward GEMM shapes.
 
@@ -317,7 +326,9 @@ def _stage_gemm_efficiency(
         if kind in seen:
             continue
         seen.add(kind)
-        for g in layer_gemms(model, i, tokens, tp=layout.tp, ep=layout.ep):
+        for g in layer_gemms(
+            model, i, tokens, tp=layout.tp, ep=layout.ep, slot_ratio=routing[0], einsum=routing[1]
+        ):
             m, n, k = max(1, round(g.m)), max(1, round(g.n)), max(1, round(g.k))
             e = gemm_efficiency(eff, m, n, k, dtype)
             flops += g.flops
@@ -797,7 +808,9 @@ def step_time(
         kinds = model.layer_kinds_of(st.layers)
         eta = etas.get(kinds)
         if eta is None:
-            eta = etas[kinds] = _stage_gemm_efficiency(model, st.layers, tokens, layout, eff, dtype)
+            eta = etas[kinds] = _stage_gemm_efficiency(
+                model, st.layers, tokens, layout, eff, dtype, moe_gemm_routing(model, recipe)
+            )
         f = _pass_time_s(st.forward, peak, eta, eta_af, bw, peak_hp, peak_attn) / kappa
         b = (
             _pass_time_s(st.backward, peak, eta, eta_ab, bw, peak_hp, peak_attn) + st.dequant_bytes / bw

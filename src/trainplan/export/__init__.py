@@ -96,6 +96,9 @@ TARGETS: Final = ("torchtitan", "deepspeed", "accelerate", "torchrun", "megatron
 STACK_OF: Final = {target: "megatron" if target in ("megatron", "nemo") else "pytorch" for target in TARGETS}
 """The stack each target's engine runs: Megatron-LM's and Megatron Bridge's Megatron-Core modules,
 else PyTorch's own."""
+CAPACITY_TARGETS: Final = ("megatron", "nemo")
+"""The targets whose MoE layers pad experts to a capacity (Megatron-Core
+``moe_expert_capacity_factor`` with ``moe_pad_expert_input_to_capacity``)."""
 STEPS_IN_FILE: Final = ("torchtitan", "torchrun", "megatron", "nemo")
 """The targets whose output carries the step count that ``--tokens`` gives."""
 
@@ -114,6 +117,19 @@ def export_plan(
             f"{target} runs the training step of one model; {recipe.method} also needs "
             "its reference, reward or critic models (and for ppo / grpo a rollout engine): run it with TRL, OpenRLHF or verl "
             f"(`trainplan estimate --method {recipe.method}` sizes its memory and step)",
+        )
+    if recipe.moe_dispatch == "einsum":
+        raise TrainplanError(
+            "moe_dispatch",
+            f"{target} cannot express one-hot einsum dispatch (GShard, MaxText sparse_matmul=False): its MoE "
+            "layers permute tokens by index; plan with --moe-dispatch gather",
+        )
+    if recipe.moe_capacity_factor is not None and target not in CAPACITY_TARGETS:
+        raise TrainplanError(
+            "moe_capacity_factor",
+            f"{target} cannot express capacity-padded experts (its MoE layers are dropless); export to "
+            f"{' or '.join(CAPACITY_TARGETS)} (--moe-expert-capacity-factor with "
+            "--moe-pad-expert-input-to-capacity), or plan dropless (no --moe-capacity-factor)",
         )
     render, filename = renderers[target]
     text, warnings = render(system, model, recipe, layout)

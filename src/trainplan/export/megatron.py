@@ -154,6 +154,13 @@ def _model_args(model: ModelSpec, recipe: Recipe, target: str = TARGET) -> list[
             "--moe-grouped-gemm",
             "--moe-token-dispatcher-type", "alltoall",
         ]  # fmt: skip
+        if recipe.moe_capacity_factor is not None:
+            # Megatron-Core sizes the capacity per rank's tokens, not per sequence: the padded
+            # slots differ from int(ceil(S·K/E)·cf) per sequence by rounding only
+            args += [
+                "--moe-expert-capacity-factor", f"{recipe.moe_capacity_factor:g}",
+                "--moe-pad-expert-input-to-capacity",
+            ]  # fmt: skip
         if moe.num_shared_experts:
             width = (moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden) * moe.num_shared_experts
             args += ["--moe-shared-expert-intermediate-size", str(width)]

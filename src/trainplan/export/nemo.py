@@ -162,6 +162,9 @@ def _model(model: ModelSpec, recipe: Recipe, layout: Layout) -> dict[str, object
         out["moe_ffn_hidden_size"] = moe.expert_ffn_hidden
         out["moe_grouped_gemm"] = True
         out["moe_token_dispatcher_type"] = "alltoall"
+        if recipe.moe_capacity_factor is not None:
+            out["moe_expert_capacity_factor"] = recipe.moe_capacity_factor
+            out["moe_pad_expert_input_to_capacity"] = True
         if moe.num_shared_experts:
             width = (moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden) * moe.num_shared_experts
             out["moe_shared_expert_intermediate_size"] = width

@@ -64,7 +64,13 @@ def recipe_from_dict(d: Mapping[str, Any]) -> Recipe:
             targets=tuple(lora["targets"]),
             double_quant=bool(lora["double_quant"]),
         )
-    return Recipe(**{k: _field(d, k, "the plan's recipe") for k in _RECIPE_KEYS}, lora=spec)
+    return Recipe(
+        **{k: _field(d, k, "the plan's recipe") for k in _RECIPE_KEYS},
+        lora=spec,
+        # written since MoE capacity padding was modelled; absent in older plans (dropless then)
+        moe_capacity_factor=d.get("moe_capacity_factor"),
+        moe_dispatch=d.get("moe_dispatch", "gather"),
+    )
 
 
 def layout_from_dict(d: Mapping[str, Any]) -> Layout:

@@ -77,7 +77,13 @@ from trainplan.cost import average_power_w, run_totals
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, get_efficiency
 from trainplan.errors import TrainplanError
-from trainplan.flops import device_flops, optimizer_update_bytes, step_flops
+from trainplan.flops import (
+    device_flops,
+    expert_slot_ratio,
+    moe_gemm_routing,
+    optimizer_update_bytes,
+    step_flops,
+)
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability, checkpoint_bytes
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.hardware.system import System
@@ -1246,7 +1252,15 @@ class BulkEvaluator:
             key = (ax.eff_key, ax.dtype)
             got = done.get(key)
             if got is None:
-                got = done[key] = _stage_gemm_efficiency(self.model, layers, tokens, layout, ax.eff, ax.dtype)
+                got = done[key] = _stage_gemm_efficiency(
+                    self.model,
+                    layers,
+                    tokens,
+                    layout,
+                    ax.eff,
+                    ax.dtype,
+                    moe_gemm_routing(self.model, self.base),
+                )
             row[a] = got
         return np.asarray(row[accs])
 
@@ -1538,6 +1552,7 @@ class BulkEvaluator:
                 trainable_dense_params=self._c_tdense[core],
                 trainable_expert_params=self._c_texpert[core],
                 granularity=self.options.zero3_granularity,
+                capacity_factor=expert_slot_ratio(self.model, self.base),
             ),
             with_buffers=with_buffers,
         )

@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
+from trainplan.flops import check_moe_routing
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.hardware.accelerator import Accelerator, CloudOffering
 from trainplan.hardware.prices import (
@@ -403,6 +404,7 @@ def enumerate_cores(
                                 )
                                 lay.check_model(model)
                                 lay.check_batch(seq_len=seq, micro_batch=1, global_batch=None)
+                                check_moe_routing(base, lay)  # the scalar estimate raises it too
                             except TrainplanError as err:
                                 invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
                                 continue

@@ -146,6 +146,12 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise RecipeError("optimizer_in_backward", "run steps the optimizer after the backward")
     if recipe.paged_optimizer:
         raise RecipeError("paged_optimizer", "run keeps optimizer states in device memory")
+    if recipe.moe_capacity_factor is not None or recipe.moe_dispatch != "gather":
+        raise RecipeError(
+            "moe_capacity_factor" if recipe.moe_capacity_factor is not None else "moe_dispatch",
+            "the reference MoE layers route dropless by index (no capacity, no einsum dispatch); "
+            "drop --moe-capacity-factor and --moe-dispatch",
+        )
 
 
 __all__ = ["DEVICES", "RUN_PRECISIONS", "Device", "RunConfig", "check_supported"]

@@ -468,6 +468,11 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise UnsupportedConfig("expert parallelism is not traced")
     if layout.zero in (1, 2):
         raise UnsupportedConfig("ZeRO-1/2 are not traced (FSDP2 implements ZeRO-3 only)")
+    if recipe.moe_capacity_factor is not None or recipe.moe_dispatch != "gather":
+        raise UnsupportedConfig(
+            "capacity-padded or einsum-dispatched MoE routing is not traced (the reference MoE layers "
+            "route dropless by index)"
+        )
     if recipe.recompute == "selective":
         raise UnsupportedConfig("selective (attention-core) recompute is not traced (none, full and sac are)")
     if recipe.recompute == "sac":

@@ -36,7 +36,7 @@ from typing import Final, Literal, get_args
 
 from trainplan.errors import TrainplanError
 from trainplan.layout import GRAD_ACCUMULATIONS
-from trainplan.recipe import LORA_TARGETS, OFFLOADS, OPTIMIZERS
+from trainplan.recipe import LORA_TARGETS, MOE_DISPATCHES, OFFLOADS, OPTIMIZERS
 
 Split = Literal["calibrate", "validate"]
 Verification = Literal["VERBATIM", "DERIVED", "INCOMPLETE", "UNVERIFIED", "OUT_OF_SCOPE"]
@@ -116,7 +116,15 @@ RECIPE_SWITCHES: Final = (
     "pp_split_embedding",
     "pp_split_head",
 )
-RECIPE_SETTINGS: Final = ("loss_chunks", "lora_rank", "lora_alpha", "lora_targets", "grad_accumulation")
+RECIPE_SETTINGS: Final = (
+    "loss_chunks",
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
+    "grad_accumulation",
+    "moe_capacity_factor",
+    "moe_dispatch",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +160,10 @@ class RecipeFlags:
                                (``account_for_loss_in_pipeline_split``) → ``Layout.pp_split_head``
         grad_accumulation=G    how the run summed its micro-batches' gradients: fused, autograd
                                or main_grad → ``Layout.grad_accumulation``
+        moe_capacity_factor=F  token-dropping MoE on capacity-padded expert buffers (MaxText
+                               ``capacity_factor``) → ``Recipe.moe_capacity_factor``
+        moe_dispatch=D         gather or einsum (MaxText ``sparse_matmul=False``: one-hot dispatch
+                               and combine matmuls) → ``Recipe.moe_dispatch``
 
     Empty cell: nothing stated beyond the other columns.
     """
@@ -173,6 +185,8 @@ class RecipeFlags:
     lora_rank: int | None = None
     lora_alpha: float | None = None
     lora_targets: tuple[str, ...] | None = None
+    moe_capacity_factor: float | None = None  # None: not stated (dropless)
+    moe_dispatch: str | None = None  # None: not stated (gather)
 
     @property
     def has_lora(self) -> bool:
@@ -621,6 +635,17 @@ class _Cells:
             for t in targets:
                 if t not in LORA_TARGETS:
                     raise self.fail(column, f"lora_targets: {t!r} is not one of {', '.join(LORA_TARGETS)}")
+        capacity: float | None = None
+        if "moe_capacity_factor" in settings:
+            try:
+                capacity = float(settings["moe_capacity_factor"])
+            except ValueError:
+                raise self.fail(
+                    column, f"moe_capacity_factor: expected a number, got {settings['moe_capacity_factor']!r}"
+                ) from None
+        dispatch = settings.get("moe_dispatch")
+        if dispatch is not None and dispatch not in MOE_DISPATCHES:
+            raise self.fail(column, f"moe_dispatch: {dispatch!r} is not one of {', '.join(MOE_DISPATCHES)}")
         accumulation = settings.get("grad_accumulation")
         if accumulation is not None and accumulation not in GRAD_ACCUMULATIONS:
             raise self.fail(
@@ -644,6 +669,8 @@ class _Cells:
             lora_rank=positive_int("lora_rank"),
             lora_alpha=alpha,
             lora_targets=targets,
+            moe_capacity_factor=capacity,
+            moe_dispatch=dispatch,
         )
 
     def opt_int(self, column: str) -> int | None:

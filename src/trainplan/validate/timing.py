@@ -218,6 +218,8 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         recompute_early_stop=flags.recompute_early_stop,
         torch_compile=flags.torch_compile,
         triton_attention=flags.triton_attention,
+        moe_capacity_factor=flags.moe_capacity_factor,
+        moe_dispatch=(flags.moe_dispatch or "gather"),  # type: ignore[arg-type]
         stack=REGISTRY[row.dataset].stack,  # type: ignore[arg-type]
     )
     layout = Layout(
