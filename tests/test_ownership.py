@@ -86,3 +86,24 @@ def test_cli_states_every_input(capsys: pytest.CaptureFixture[str]) -> None:
     d = json.loads(capsys.readouterr().out)
     assert d["inputs"]["node_price_usd"] == 300000 and d["capex_usd"] == pytest.approx(300000 * 1.15)
     assert d["verdict"].split(":")[0] in ("buy", "rent")
+
+
+def test_a_whole_system_entry_is_priced_and_powered_as_itself() -> None:
+    """A CS-3 entry is the system: its price and ~23 kW carry no server overhead or power ratio;
+    a GPU entry's server adds both."""
+    wse = get_accelerator("wse-3")
+    price, source = default_node_price(wse)
+    assert wse.purchase is not None and price == wse.purchase.usd_per_device
+    assert "whole system" in source
+    own = Ownership(
+        accelerator=wse,
+        devices=2,
+        node_price_usd=price,
+        node_price_source=source,
+        rent_usd_per_device_hour=40.0,
+        rent_source="test",
+    )
+    assert own.node_kw == pytest.approx(wse.tdp_w / 1000.0)
+    gpu_price, _ = default_node_price(get_accelerator("h100-sxm"))
+    h100 = get_accelerator("h100-sxm")
+    assert h100.purchase is not None and gpu_price > 8 * h100.purchase.usd_per_device

@@ -41,11 +41,11 @@ TODAY = datetime.date(2026, 12, 1)
 # each says so, and what was searched, in ``sources.price`` (docs/hardware.md lists the searches).
 # The set is held exactly: a price found removes a name, and no accelerator may join it (a new
 # catalog entry comes with a dated price or, announced, the marker).
-PRICE_GAPS = {"mi250x", "trn3", "trn2-ultraserver", "wse-3"}
+PRICE_GAPS = {"trn3", "trn2-ultraserver"}
 
 # Accelerators with no dated per-hour rental price (a purchase price at most): estimates and plans
 # need --price for them.
-UNRENTED = PRICE_GAPS | {"vr200", "mi455x", "h20", "a800"}
+UNRENTED = PRICE_GAPS | {"vr200", "mi455x", "h20", "a800", "mi250x", "wse-3"}
 
 # Accelerators whose only per-hour rate is a named report's own estimate (kind ``estimate``): no
 # provider publishes one. h800: the DeepSeek-V3 report's assumed $2 per GPU-hour.

@@ -48,6 +48,10 @@ NODE_POWER_PER_ACCELERATOR_TDP: Final = 10_200.0 / (8 * 700.0)
 """Server power per watt of accelerator TDP (DGX H100: 10.2 kW maximum for 8 × 700 W GPUs)."""
 SERVER_OVERHEAD: Final = 0.25
 """Server cost beyond its accelerators, as a fraction of their price (assumption)."""
+WHOLE_SYSTEMS: Final = frozenset({"wse-3"})
+"""Catalog entries that are a whole system, priced and powered as one (a Cerebras CS-3: the
+wafer, its power, cooling and I/O in one box; its ~23 kW is the system's): no server overhead and
+no server power ratio on top of their price and TDP."""
 DEFAULT_NETWORK_FRACTION: Final = 0.15
 """Scale-out network (NICs' switch ports, optics, switches) per server, as a fraction of its price
 (assumption)."""
@@ -128,7 +132,8 @@ class Ownership:
     def node_kw(self) -> float:
         tdp = self.accelerator.tdp_w
         assert tdp is not None
-        return self.accelerator.devices_per_node * tdp * NODE_POWER_PER_ACCELERATOR_TDP / 1000.0
+        ratio = 1.0 if self.accelerator.name in WHOLE_SYSTEMS else NODE_POWER_PER_ACCELERATOR_TDP
+        return self.accelerator.devices_per_node * tdp * ratio / 1000.0
 
     @property
     def capex_usd(self) -> float:
@@ -232,7 +237,12 @@ class Ownership:
             "inputs (each overridable):",
             f"  server price            ${self.node_price_usd:,.0f} ({self.node_price_source})",
             f"  network share           {100 * self.network_fraction:.0f}% of the server price (--network-fraction)",
-            f"  server power            {self.node_kw:.1f} kW at full load (DGX H100 system/GPU power ratio)",
+            f"  server power            {self.node_kw:.1f} kW at full load "
+            + (
+                "(the system's own power)"
+                if self.accelerator.name in WHOLE_SYSTEMS
+                else "(DGX H100 system/GPU power ratio)"
+            ),
             f"  electricity             ${self.usd_per_kwh:.3f}/kWh (--usd-per-kwh), PUE {self.pue:g} (--pue)",
             f"  space and cooling       ${self.usd_per_kw_month:.0f} per kW-month (--usd-per-kw-month)",
             f"  rent                    ${self.rent_usd_per_device_hour:.2f}/device-hour ({self.rent_source})",
@@ -271,6 +281,12 @@ def default_node_price(acc: Accelerator) -> tuple[float, str]:
             "node_price",
             f"{acc.name} has no purchase price in the catalog; give --node-price USD (one server of "
             f"{acc.devices_per_node})",
+        )
+    if acc.name in WHOLE_SYSTEMS:
+        price = purchase.usd_per_device * acc.devices_per_node
+        return price, (
+            f"{acc.devices_per_node} × ${purchase.usd_per_device:,.0f} (purchase price of the whole system, "
+            f"{purchase.label}, of {purchase.date}: {purchase.source}; --node-price)"
         )
     price = purchase.usd_per_device * acc.devices_per_node * (1.0 + SERVER_OVERHEAD)
     return price, (
