@@ -848,30 +848,21 @@ def _layer_passes(
     moe_layer = spec.moe is not None and spec.is_moe_layer(i)
     ratio = expert_slot_ratio(spec, recipe) if moe_layer else 1.0
     einsum = moe_layer and recipe.moe_dispatch == "einsum"
-    fwd_mem = layer_memory_traffic(
-        spec,
-        i,
-        b,
-        s,
-        dtype_bytes=e,
-        attention=recipe.attention,
-        dropout=drop,
-        eager=eager,
-        slot_ratio=ratio,
-        einsum_dispatch=einsum,
-    )
-    bwd_mem = layer_memory_traffic(
-        spec,
-        i,
-        b,
-        s,
-        dtype_bytes=e,
-        attention=recipe.attention,
-        direction="backward",
-        dropout=drop,
-        eager=eager,
-        slot_ratio=ratio,
-        einsum_dispatch=einsum,
+    fwd_mem, bwd_mem = (
+        layer_memory_traffic(
+            spec,
+            i,
+            b,
+            s,
+            dtype_bytes=e,
+            attention=recipe.attention,
+            direction=direction,
+            dropout=drop,
+            eager=eager,
+            slot_ratio=ratio,
+            einsum_dispatch=einsum,
+        )
+        for direction in ("forward", "backward")
     )
     tpcp = split.sharded
     rep = split.replicated_unless_sp
