@@ -104,6 +104,9 @@ def test_fallback_order_pools_axes_then_gives_up() -> None:
         "nvidia/pytorch/*/*",
         "nvidia/*/*/*",
     ]
+    dense = ClassKey(family="nvidia", stack="pytorch", method="lora", parallelism="model", arch="dense")
+    # the architecture's own chain first, then the same chain pooled over architectures
+    assert [k.name for k in dense.fallbacks()] == [*(f"{n}/dense" for n in names), *names]
     band = band_table().lookup("step_s", key, part="h100-sxm")
     assert band.calibrated and band.class_name in names[1:]
     none = band_table().lookup(
@@ -119,7 +122,9 @@ def _est(hardware: str, **kw: Any) -> dict[str, Any]:
 def test_h100_band_is_calibrated_and_narrower_than_uncalibrated() -> None:
     h = _est("h100-sxm", tokens=1e9, price=2.0)
     cal = h["calibration"]
-    assert cal["calibrated"] and cal["rows"] >= 100 and cal["class"] == "nvidia/pytorch/pre-train/zero-3"
+    assert (
+        cal["calibrated"] and cal["rows"] >= 100 and cal["class"] == "nvidia/pytorch/pre-train/zero-3/dense"
+    )
     lo, hi = h["time"]["step_s_band"]
     assert lo < h["time"]["step_s"] < hi
     tl, th = h["throughput"]["tokens_per_s_band"]
@@ -168,12 +173,14 @@ def test_estimate_text_names_the_class_and_rows(capsys: pytest.CaptureFixture[st
         band_table()
         .lookup(
             "step_s",
-            ClassKey(family="nvidia", stack="pytorch", method="pre-train", parallelism="zero-3"),
+            ClassKey(
+                family="nvidia", stack="pytorch", method="pre-train", parallelism="zero-3", arch="dense"
+            ),
             part="h100-sxm",
         )
         .rows
     )
-    assert f"90% of {rows} validated nvidia/pytorch/pre-train/zero-3 runs" in out
+    assert f"90% of {rows} validated nvidia/pytorch/pre-train/zero-3/dense runs" in out
     assert main([*argv, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert (
@@ -417,3 +424,24 @@ def test_plan_marks_a_part_without_runs_of_its_own(capsys: pytest.CaptureFixture
     assert "tpu-v5p has no validated run" not in out
     starred = [line for line in out.splitlines() if "tpu-v4" in line and "%*" in line]
     assert starred and not any("tpu-v5p" in line and "%*" in line for line in out.splitlines())
+
+
+def test_dense_and_moe_bands_keep_their_own_rows() -> None:
+    """A dense estimate's band holds no MoE row while dense rows suffice: TPU's MoE runs (the
+    under-predicted Qwen3-235B pair among them) widen neither the dense TPU band nor its row
+    count; an MoE estimate without an MoE class takes the pooled class and says so everywhere."""
+    from trainplan.validate.bands import timing_residuals
+
+    rs = [r for r in timing_residuals() if r.key.family == "tpu"]
+    moe = [r for r in rs if r.key.arch == "moe"]
+    assert moe and all(r.key.arch in ("dense", "moe") for r in rs)
+    dense = api.estimate("llama-3.1-8b", hardware="tpu-v5p", devices=64, zero=3, stack="maxtext")
+    b = dense.step_band
+    assert b.class_name.endswith("/dense") and not b.arch_pooled
+    assert b.rows == sum(1 for r in rs if r.key.arch == "dense" and r.key.parallelism == "zero-3")
+    m = api.estimate("mixtral-8x7b", hardware="h100-sxm", devices=64, zero=3, ep=8, global_batch=256)
+    assert m.step_band.arch == "moe"
+    if m.step_band.arch_pooled:
+        assert not m.step_band.class_name.endswith("/moe")
+        assert "dense and MoE pooled" in m.step_band.label()
+        assert m.to_dict()["calibration"]["arch_pooled"] is True

@@ -14,14 +14,22 @@ Every estimate falls in one **validation class**, the product of four named axes
                  reward models: never pooled with the others, see OWN_ROWS_ONLY)
     parallelism  data (data parallel, ZeRO 0-2, one device), zero-3 (fully sharded, no model
                  parallelism), model (tensor, pipeline or context parallel)
+    arch         dense or moe (the model has routed experts): routing, expert GEMMs and
+                 all-to-alls err differently from dense blocks, so neither borrows the other's
+                 rows until its own chain is exhausted
 
 The band table (``data/bands.json``) is generated from the validation rows by
 ``trainplan validate --bands`` (:mod:`trainplan.validate.bands`); a test regenerates it and
 compares. An estimate takes the band of the first class in this fallback order that holds at
 least :data:`MIN_ROWS` validation rows of the quantity (``*`` = pooled over that axis)::
 
-    family/stack/method/parallelism → family/stack/method/* → family/*/method/*
-        → family/stack/*/* → family/*/*/*
+    family/stack/method/parallelism/arch → family/stack/method/*/arch → family/*/method/*/arch
+        → family/stack/*/*/arch → family/*/*/*/arch
+        → the same five with the architecture pooled (written without the ``/arch`` part)
+
+so a dense estimate's band never includes MoE rows while dense rows suffice, and an MoE
+estimate takes an MoE class where one holds enough rows, else the pooled classes (whose name,
+without ``/moe``, says so).
 
 A calibrated band also names the catalog parts its family's rows ran on (those of the widest
 class of the chain) and whether the estimated part is one of them (``Band.on_part``): Trn2 and
@@ -67,6 +75,7 @@ from typing import Any, Final, Literal
 
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.layout import Layout
+from trainplan.models.spec import ModelSpec
 from trainplan.recipe import Recipe
 from trainplan.timing import GENERATION, OTHER_DIE
 
@@ -104,32 +113,39 @@ error; without validated rows of its own it is uncalibrated."""
 
 @dataclass(frozen=True, kw_only=True)
 class ClassKey:
-    """One validation class: accelerator family × stack × method × parallelism ("*" = any)."""
+    """One validation class: accelerator family × stack × method × parallelism × architecture
+    ("*" = any)."""
 
     family: str
     stack: str
     method: str
     parallelism: str
+    arch: str = "*"
 
     @property
     def name(self) -> str:
-        return f"{self.family}/{self.stack}/{self.method}/{self.parallelism}"
+        base = f"{self.family}/{self.stack}/{self.method}/{self.parallelism}"
+        return base if self.arch == "*" else f"{base}/{self.arch}"
 
     def fallbacks(self) -> tuple[ClassKey, ...]:
         """This class, then the pooled classes in the documented fallback order."""
-        f, s, m = self.family, self.stack, self.method
-        own = (
-            self,
-            ClassKey(family=f, stack=s, method=m, parallelism="*"),
-            ClassKey(family=f, stack="*", method=m, parallelism="*"),
-        )
-        if m in OWN_ROWS_ONLY:
-            return own
-        return (
-            *own,
-            ClassKey(family=f, stack=s, method="*", parallelism="*"),
-            ClassKey(family=f, stack="*", method="*", parallelism="*"),
-        )
+        f, s, m, a = self.family, self.stack, self.method, self.arch
+
+        def chain(arch: str) -> tuple[ClassKey, ...]:
+            own = (
+                ClassKey(family=f, stack=s, method=m, parallelism=self.parallelism, arch=arch),
+                ClassKey(family=f, stack=s, method=m, parallelism="*", arch=arch),
+                ClassKey(family=f, stack="*", method=m, parallelism="*", arch=arch),
+            )
+            if m in OWN_ROWS_ONLY:
+                return own
+            return (
+                *own,
+                ClassKey(family=f, stack=s, method="*", parallelism="*", arch=arch),
+                ClassKey(family=f, stack="*", method="*", parallelism="*", arch=arch),
+            )
+
+        return chain(a) if a == "*" else (*chain(a), *chain("*"))
 
     def matches(self, other: ClassKey) -> bool:
         """True when ``other`` (an exact class) falls in this (possibly pooled) class."""
@@ -140,6 +156,7 @@ class ClassKey:
                 (self.stack, other.stack),
                 (self.method, other.method),
                 (self.parallelism, other.parallelism),
+                (self.arch, other.arch),
             )
         )
 
@@ -166,13 +183,16 @@ def parallelism_kind(layout: Layout) -> str:
     return "zero-3" if layout.zero == 3 else "data"
 
 
-def classify(acc: Accelerator, recipe: Recipe, layout: Layout, *, stack: str | None = None) -> ClassKey:
+def classify(
+    acc: Accelerator, model: ModelSpec, recipe: Recipe, layout: Layout, *, stack: str | None = None
+) -> ClassKey:
     """The exact validation class of one configuration (``stack`` overrides ``recipe.stack``)."""
     return ClassKey(
         family=accelerator_family(acc),
         stack=stack or recipe.stack,
         method=METHOD_CLASS.get(recipe.method, recipe.method),
         parallelism=parallelism_kind(layout),
+        arch="dense" if model.moe is None else "moe",
     )
 
 
@@ -335,6 +355,7 @@ class BandTable:
                 high=high,
                 part=part,
                 parts=chain[-1].parts,
+                arch=key.arch,
             )
         lo, hi = self.uncalibrated[quantity]
         return Band(
@@ -347,6 +368,7 @@ class BandTable:
             high=hi,
             part=part,
             parts=(),
+            arch=key.arch,
         )
 
 
@@ -370,6 +392,13 @@ class Band:
     high: float
     part: str  # the catalog accelerator estimated
     parts: tuple[str, ...]  # the accelerators the family's validation rows ran on (widest class)
+    arch: str = "*"  # the estimated model's architecture class: dense or moe
+
+    @property
+    def arch_pooled(self) -> bool:
+        """True for an MoE estimate whose band comes from a class pooled over dense and MoE runs
+        (no MoE class of its chain holds enough rows): how MoE routing errs is not measured apart."""
+        return self.calibrated and self.arch == "moe" and not self.class_name.endswith("/moe")
 
     @property
     def on_part(self) -> bool:
@@ -388,10 +417,14 @@ class Band:
         )
 
     def part_note(self) -> str:
-        """``""``, or ``"; none on trn2 (runs on trn1)"`` when the family was never measured on this part."""
-        if not self.calibrated or self.on_part:
+        """``""``, or ``"; none on trn2 (runs on trn1)"`` when the family was never measured on this
+        part, and ``"; too few MoE runs: dense and MoE pooled"`` where :attr:`arch_pooled`."""
+        if not self.calibrated:
             return ""
-        return f"; none on {self.part} (runs on {', '.join(self.parts)})"
+        note = "" if self.on_part else f"; none on {self.part} (runs on {', '.join(self.parts)})"
+        if self.arch_pooled:
+            note += "; too few MoE runs: dense and MoE pooled"
+        return note
 
     def around(self, value: float) -> tuple[float, float]:
         """[low, high] absolute bounds of a quantity proportional to this one (step time, memory, cost)."""
@@ -428,6 +461,8 @@ class Band:
             "part": self.part,
             "parts": list(self.parts),
             "on_part": self.on_part,
+            "arch": self.arch,
+            "arch_pooled": self.arch_pooled,
         }
 
     @classmethod
@@ -443,6 +478,7 @@ class Band:
             high=float(d["high"]),
             part=str(d["part"]),
             parts=tuple(str(x) for x in d["parts"]),
+            arch=str(d.get("arch", "*")),
         )
 
 
@@ -451,14 +487,14 @@ def _pct(x: float) -> str:
     return f"+{v}%" if v > 0 else (f"−{-v}%" if v < 0 else "0%")
 
 
-def step_band(acc: Accelerator, recipe: Recipe, layout: Layout) -> Band:
+def step_band(acc: Accelerator, model: ModelSpec, recipe: Recipe, layout: Layout) -> Band:
     """The step-time band of a configuration (also that of tokens/s, run time and cost)."""
-    return _band("step_s", classify(acc, recipe, layout), acc.name)
+    return _band("step_s", classify(acc, model, recipe, layout), acc.name)
 
 
-def memory_band(acc: Accelerator, recipe: Recipe, layout: Layout) -> Band:
+def memory_band(acc: Accelerator, model: ModelSpec, recipe: Recipe, layout: Layout) -> Band:
     """The peak-memory band of a configuration."""
-    return _band("memory_bytes", classify(acc, recipe, layout), acc.name)
+    return _band("memory_bytes", classify(acc, model, recipe, layout), acc.name)
 
 
 @cache

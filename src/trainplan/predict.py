@@ -453,8 +453,8 @@ def estimate(
         time=time,
         throughput=thr,
         run=run,
-        step_band=step_band(system.accelerator, policy_recipe, layout),
-        memory_band=memory_band(system.accelerator, policy_recipe, layout),
+        step_band=step_band(system.accelerator, model, policy_recipe, layout),
+        memory_band=memory_band(system.accelerator, model, policy_recipe, layout),
         rlhf=rl,
     )
 

@@ -38,6 +38,7 @@ from trainplan.bands import (
 from trainplan.errors import TrainplanError
 from trainplan.hardware import get_accelerator, list_accelerators
 from trainplan.layout import Layout
+from trainplan.models import load_model
 from trainplan.validate.datasets import REGISTRY, memory_rows, timing_rows
 from trainplan.validate.timing import predict_row, row_inputs
 
@@ -68,10 +69,10 @@ def timing_residuals() -> list[Residual]:
             res = predict_row(row)
             if res.error is None:
                 continue
-            system, _, recipe, layout, _ = row_inputs(row)
+            system, model, recipe, layout, _ = row_inputs(row)
             step_like = info.metric in ("step_s", "layer_s")
             r = -math.log1p(res.error) if step_like else math.log1p(res.error)
-            key = classify(system.accelerator, recipe, layout)
+            key = classify(system.accelerator, model, recipe, layout)
             out.append(
                 Residual(
                     quantity="step_s",
@@ -99,7 +100,9 @@ def memory_residuals() -> list[Residual]:
         except TrainplanError:
             continue
         predicted = memory_breakdown(model, recipe, layout).per_device_bytes
-        key = classify(get_accelerator(row.hardware), recipe, layout, stack=REGISTRY[row.dataset].stack)
+        key = classify(
+            get_accelerator(row.hardware), model, recipe, layout, stack=REGISTRY[row.dataset].stack
+        )
         out.append(
             Residual(
                 quantity="memory_bytes",
@@ -117,7 +120,15 @@ def memory_residuals() -> list[Residual]:
         if row.hardware not in catalog_names():
             continue
         layout = Layout.for_devices(row.num_devices, zero=c.run.zero)
-        key = classify(get_accelerator(row.hardware), c.run.recipe, layout, stack=REGISTRY[row.dataset].stack)
+        if not row.preset:
+            continue
+        key = classify(
+            get_accelerator(row.hardware),
+            load_model(row.preset),
+            c.run.recipe,
+            layout,
+            stack=REGISTRY[row.dataset].stack,
+        )
         out.append(
             Residual(
                 quantity="memory_bytes",
@@ -322,7 +333,9 @@ def render_bands_markdown(t: BandTable | None = None, cov: Sequence[Coverage] | 
         "and the normal prediction interval of the class, widened on each side by the standard",
         "deviation of the per-dataset mean residuals (of the class, or of every dataset, the larger).",
         "Calibration rows and zero2020_table1 (model states, not a peak) are left out. Parts = the",
-        "catalog accelerators the class's rows ran on.",
+        "catalog accelerators the class's rows ran on. Classes ending in `/dense` or `/moe` hold one",
+        "architecture's rows; an estimate looks through its own architecture's chain before the",
+        'pooled one, and an MoE estimate banded on a pooled class says so ("dense and MoE pooled").',
         "",
         "| quantity | class | rows | low | high | datasets | parts |",
         "|---|---|---|---|---|---|---|",

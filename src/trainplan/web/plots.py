@@ -86,7 +86,8 @@ def _tag(label: str, e: Mapping[str, Any] | None) -> str:
     band = _bands(e)[0]
     if not band.calibrated:
         return f"{label} (uncalibrated)"
-    return label if band.on_part else f"{label} (no run on this part)"
+    label = label if band.on_part else f"{label} (no run on this part)"
+    return f"{label} (MoE banded on dense runs)" if band.arch_pooled else label
 
 
 def _span(band: Band, value: float) -> list[list[float]]:
