@@ -168,11 +168,7 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
             )
         elif not b.on_part:
             lines.append(f"  no validated run on {b.part}: the {what} band is {b.family_error_text()}")
-        if b.arch_pooled:
-            lines.append(
-                f"  too few validated MoE runs for a {what} class of their own: the band ({b.class_name}) pools "
-                "dense and MoE runs, so how routing and expert GEMMs err here is not measured apart"
-            )
+
     lines.append("")
     if est.rlhf is not None:
         rl = est.rlhf

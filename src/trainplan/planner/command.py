@@ -285,13 +285,12 @@ _HEADER = (
 def band_cell(p: Plan) -> str:
     """The step-time band of a row (time, tokens/s and cost carry the same): ``−25…+28%``,
     ``uncal −46…+152%`` for an uncalibrated class, ``−8…+9%*`` for a class with no validated run
-    on this row's accelerator, ``−8…+9%†`` for an MoE model banded on pooled dense and MoE runs
-    (the ranking notes say so)."""
+    on this row's accelerator (the table's footnote says so)."""
     b = p.estimate.step_band
     text = f"{b.percent_text().replace(' … ', '…').replace('%…', '…')}"
     if not b.calibrated:
         return f"uncal {text}"
-    return text + ("" if b.on_part else "*") + ("†" if b.arch_pooled else "")
+    return text if b.on_part else f"{text}*"
 
 
 def layout_cell(p: Plan) -> str:

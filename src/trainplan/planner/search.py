@@ -346,12 +346,6 @@ def ranking_statements(plans: Sequence[Plan], objective: Objective) -> tuple[str
         out.append(
             f"{name} has no validated run of its own (* in the band column): its band is {band.family_error_text()}"
         )
-    pooled = sorted({p.estimate.system.accelerator.name for p in ordered if p.estimate.step_band.arch_pooled})
-    if pooled:
-        out.append(
-            f"{', '.join(pooled)}: too few validated MoE runs in the family († in the band column): the band pools "
-            "dense and MoE runs, so how routing and expert GEMMs err there is not measured apart"
-        )
     return tuple(out)
 
 

@@ -68,6 +68,7 @@ PRESETS: Final = (
     "qwen2.5-7b",
     "qwen2.5-72b",
     "qwen3-235b-a22b",
+    "qwen3-30b-a3b",
     "gemma-2-9b",
     "gpt3-175b",
 )
@@ -423,6 +424,14 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             description="Llama 3 8B/70B/405B on H100/B200/GB200/GB300, FP8/MXFP8/NVFP4, TP/PP/CP/VP or FSDP",
             source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (25.11, 26.02, 26.04.01)",
             target=0.15,
+        ),
+        DatasetInfo(
+            name="megatron_bridge_moe",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.5,
+            description="Qwen3-30B-A3B and Qwen3-235B-A22B on H100/B200/GB200/GB300, FP8/MXFP8/BF16, EP with PP/VP",
+            source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md and performance-summary.md (25.11-26.08)",
         ),
         DatasetInfo(
             name="llama3_paper_table4",

@@ -33,10 +33,9 @@ _BAND_PROPERTIES: dict[str, Any] = {
         "type": "boolean",
         "description": "false: calibrated on other parts of the family only, none on this one",
     },
-    "arch": {"type": "string", "description": "the model's architecture class: dense or moe"},
-    "arch_pooled": {
-        "type": "boolean",
-        "description": "true: an MoE model banded on a class pooled over dense and MoE runs (too few MoE runs)",
+    "arch": {
+        "type": "string",
+        "description": "the model's architecture class: dense or moe (an MoE model never takes a dense band)",
     },
 }
 _CALIBRATION: dict[str, Any] = {

@@ -86,8 +86,7 @@ def _tag(label: str, e: Mapping[str, Any] | None) -> str:
     band = _bands(e)[0]
     if not band.calibrated:
         return f"{label} (uncalibrated)"
-    label = label if band.on_part else f"{label} (no run on this part)"
-    return f"{label} (MoE banded on dense runs)" if band.arch_pooled else label
+    return label if band.on_part else f"{label} (no run on this part)"
 
 
 def _span(band: Band, value: float) -> list[list[float]]:

@@ -61,14 +61,11 @@
   function bandText(b, inverse) {
     const lo = inverse ? 1 / (1 + b.high) - 1 : b.low, hi = inverse ? 1 / (1 + b.low) - 1 : b.high;
     const span = `${signed(lo)} … ${signed(hi)}`;
-    const note = (b.calibrated && !b.on_part ? `; none on ${b.part} (runs on ${b.parts.join(", ")})` : "")
-      + (b.arch_pooled ? "; too few MoE runs: dense and MoE pooled" : "");
+    const note = b.calibrated && !b.on_part ? `; none on ${b.part} (runs on ${b.parts.join(", ")})` : "";
     return b.calibrated ? `${span}, 90% of ${b.rows} validated ${b.class} runs${note}` : `uncalibrated: ${span}`;
   }
   const tagged = (label, p) => (p.calibration.calibrated
-    ? (p.calibration.on_part ? label : `${label} (no run on this part)`)
-      + (p.calibration.arch_pooled ? " (MoE banded on dense runs)" : "")
-    : `${label} (uncalibrated)`);
+    ? (p.calibration.on_part ? label : `${label} (no run on this part)`) : `${label} (uncalibrated)`);
   function showRanking(list, lines) {
     list.replaceChildren();
     for (const line of lines || []) { const li = document.createElement("li"); li.textContent = line; list.appendChild(li); }
