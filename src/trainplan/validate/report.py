@@ -298,8 +298,10 @@ def render_markdown(results: list[DatasetResult], *, history: bool = True) -> st
                 )
     from trainplan.validate.bands import render_bands_markdown
     from trainplan.validate.claims import render_claims_markdown
+    from trainplan.validate.fits import render_fits_markdown
 
     out += render_claims_markdown()
+    out += render_fits_markdown()
     return "\n".join(out) + "\n\n" + render_bands_markdown()
 
 
