@@ -12,10 +12,12 @@ from trainplan.recipe import Recipe
 
 def test_llama2_70b_full_recompute_terms() -> None:
     model = load_model("llama-2-70b")
-    recipe = Recipe(seq_len=4096, recompute="full")
+    recipe = Recipe(seq_len=4096, recompute="full", stack="pytorch")  # FSDP2 on PyTorch modules, traced
     layout = Layout(dp=64, zero=3)
     h, f, bs = model.hidden_size, model.ffn_hidden, 4096
-    rebuilt = layer_activations(model, Recipe(seq_len=4096), layout, 0).total_bytes - 2 * bs * h
+    rebuilt = (
+        layer_activations(model, Recipe(seq_len=4096, stack="pytorch"), layout, 0).total_bytes - 2 * bs * h
+    )
     expected = rebuilt + 2 * f * h + 2 * 2 * bs * f  # dW_down + dX_down and the two SwiGLU products
     assert block_backward_bytes(model, recipe, layout, 0) == pytest.approx(expected, rel=1e-12)
     mem = memory_breakdown(model, recipe, layout, num_microbatches=1)

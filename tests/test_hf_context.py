@@ -26,6 +26,7 @@ def _qlora(**kw: object) -> Recipe:
         "seq_len": 2048,
         "recompute": "full",
         "lora": LoRASpec(rank=32),
+        "stack": "pytorch",  # the Hugging Face Trainer runs PyTorch modules
     }
     base.update(kw)
     return Recipe(**base)  # type: ignore[arg-type]

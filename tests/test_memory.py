@@ -12,6 +12,7 @@ from trainplan.memory import (
     layer_activations,
     memory_breakdown,
 )
+from trainplan.models import load_model
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import LoRASpec, Recipe
 
@@ -79,8 +80,11 @@ def test_korthikanti_table2_every_mode(name: str, mode: str, micro_batch: int) -
     paper = korthikanti_table2_bytes(s=2048, b=micro_batch, h=h, a=a, t=t, mode=mode)
     assert ours == pytest.approx(paper, rel=1e-12)
     if sp:
+        # the default (megatron) stack saves the shard, as Korthikanti counts; PyTorch the gathered input
+        assert "sp_gathered_inputs" not in terms
+        torch_terms = layer_activations(model, replace(recipe, stack="pytorch"), layout, 0).terms
         gathered = 2 * 2 * 2048 * micro_batch * h * (1 - 1 / t)  # q/k/v and MLP inputs, e = 2
-        assert terms["sp_gathered_inputs"] == pytest.approx(gathered, rel=1e-12)
+        assert torch_terms["sp_gathered_inputs"] == pytest.approx(gathered, rel=1e-12)
     # Korthikanti omits the FP32 LayerNorm statistics: 2 norms x (mean + rstd) = 16 bytes per token
     assert terms.get("norm_stats", 0.0) <= 16 * 2048 * micro_batch
 
@@ -318,3 +322,48 @@ def test_no_memory_term_is_negative(method: str, recompute: str) -> None:
     e = run_estimate("llama-3.2-1b", hardware="h100-sxm", method=method, recompute=recompute, seq_len=1024)
     assert all(v >= 0 for v in e.memory.activation_terms.values()), e.memory.activation_terms
     assert all(v >= 0 for _, v in e.memory.terms())
+
+
+def test_megatron_stack_saves_what_transformer_engine_saves() -> None:
+    """Megatron-Core's TE modules: the fused norm's output and fc2's input at the saved-input
+    bytes (FP8: one quantized copy, 1 + 1/32 B), the SwiGLU's fc1 output in BF16, the local shard
+    under SP; eager PyTorch saves gate, act, up and product (4·e·f) and the gathered SP input."""
+    from trainplan.memory import MXFP8_SAVED_BYTES_PER_ELEMENT, linear_input_bytes_per_element
+
+    model = load_model("llama-3.1-8b")
+    s, h, f = 4096, model.hidden_size, model.ffn_hidden
+    base = Recipe(seq_len=s)
+    mega = layer_activations(model, base, Layout(), 0).terms
+    torch_ = layer_activations(model, replace(base, stack="pytorch"), Layout(), 0).terms
+    assert mega["mlp_intermediate"] == 3 * 2 * s * f and torch_["mlp_intermediate"] == 4 * 2 * s * f
+    fp8 = layer_activations(model, replace(base, precision="fp8"), Layout(), 0).terms
+    lin = MXFP8_SAVED_BYTES_PER_ELEMENT
+    assert linear_input_bytes_per_element(replace(base, precision="fp8")) == lin
+    assert fp8["qkv_input"] == lin * s * h and fp8["mlp_input"] == lin * s * h
+    assert fp8["mlp_intermediate"] == 2 * 2 * s * f + lin * s * f
+    assert fp8["attn_norm_input"] == mega["attn_norm_input"] == 2 * s * h  # the norm input stays BF16
+    assert fp8["q_k_v"] == mega["q_k_v"]  # attention's own saved tensors stay BF16
+    # the pytorch stack's FP8 (torchao float8) keeps 16-bit saved inputs
+    assert (
+        layer_activations(model, replace(base, precision="fp8", stack="pytorch"), Layout(), 0).terms == torch_
+    )
+
+
+def test_megatron_moe_experts_save_no_outputs() -> None:
+    moe = load_model("mixtral-8x7b")
+    r = Recipe(seq_len=4096)
+    mega = layer_activations(moe, r, Layout(), 0).terms
+    torch_ = layer_activations(moe, replace(r, stack="pytorch"), Layout(), 0).terms
+    assert "expert_outputs" not in mega and "expert_weighted_outputs" not in mega
+    assert {"expert_outputs", "expert_weighted_outputs"} <= set(torch_)
+    assert mega["routing_indices"] == 8.0 * 4096 * 2
+    assert mega["mlp_input"] == torch_["mlp_input"]  # the router's BF16 input
+    assert sum(mega.values()) < sum(torch_.values())
+
+
+def test_kbit_upcast_is_the_pytorch_stacks_path() -> None:
+    from trainplan.errors import RecipeError
+    from trainplan.recipe import LoRASpec
+
+    with pytest.raises(RecipeError, match="stack pytorch"):
+        Recipe(method="qlora", lora=LoRASpec(), kbit_fp32_upcast=True, recompute="full")

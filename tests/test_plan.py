@@ -135,6 +135,7 @@ def test_bulk_equals_scalar_for_the_hugging_face_qlora_terms() -> None:
         seq_len=8192,
         kbit_fp32_upcast=True,
         logits_shift_copy=True,
+        stack="pytorch",
     )
     space = SearchSpace(micro_batches=(1, 2), recomputes=("none", "full"), max_devices=16)
     model, accs, cores, cand, prices, res = _bulk("llama-3.2-1b", recipe, ("h100-sxm", "a100-80gb"), space)

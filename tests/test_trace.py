@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -266,11 +267,16 @@ def test_sequence_parallel_saves_the_gathered_linear_inputs() -> None:
     from trainplan.trace.step import trace_step
 
     spec = _llama()
-    recipe, layout = Recipe(seq_len=64, micro_batch=2), Layout(tp=2, sequence_parallel=True)
+    recipe, layout = Recipe(seq_len=64, micro_batch=2, stack="pytorch"), Layout(tp=2, sequence_parallel=True)
     tr = trace_step(spec, recipe, layout)
     terms = layer_activations(spec, recipe, layout, 1).terms
     assert terms["sp_gathered_inputs"] == 2 * 2 * 2 * 64 * spec.hidden_size / 2
     assert tr.layer_saved_bytes[1] == sum(terms.values())
+    # Megatron-Core saves the local shard (Korthikanti et al. 2022 Sec. 4.2.2)
+    assert (
+        "sp_gathered_inputs"
+        not in layer_activations(spec, replace(recipe, stack="megatron"), layout, 1).terms
+    )
 
 
 def test_causal_attention_flops_follow_the_convention() -> None:

@@ -519,6 +519,57 @@ def residual_bytes_per_element(recipe: Recipe) -> float:
     return 4.0 if recipe.kbit_fp32_upcast else activation_bytes_per_element(recipe)
 
 
+MXFP8_SAVED_BYTES_PER_ELEMENT: Final = 1.0 + 1.0 / 32.0
+"""A linear input Transformer Engine saves under FP8: the one quantized copy the weight-gradient
+GEMM reads, 1 byte per element, plus MXFP8's E8M0 scale, one byte per 32 elements (per-tensor
+FP8 keeps one FP32 scale per tensor: 1 byte; the MXFP8 figure bounds both). TransformerEngine
+v2.8 (40c69e75) ``transformer_engine/pytorch/module/linear.py`` L371-390 (``inputmat.update_usage(
+rowwise_usage=False, columnwise_usage=True)`` before ``prepare_for_saving``), ``layernorm_linear.py``
+L405-414 (``ln_out``), ``grouped_linear.py`` L197-218 (each expert's input);
+``tensor/mxfp8_tensor.py`` L102-119 (the scale shapes)."""
+
+
+def te_saved_set(recipe: Recipe) -> bool:
+    """Whether the blocks save what Megatron-Core's Transformer Engine modules save (the
+    ``megatron`` stack: Megatron-LM / Megatron-Core, NeMo, Megatron Bridge) rather than what eager
+    PyTorch modules save (:func:`layer_activations`)."""
+    return recipe.stack == "megatron"
+
+
+def linear_input_bytes_per_element(recipe: Recipe) -> float:
+    """Bytes per element of the input a trained linear layer saves for its weight gradient: under
+    the megatron stack with FP8 GEMMs, Transformer Engine's quantized copy
+    (:data:`MXFP8_SAVED_BYTES_PER_ELEMENT`); else the activation dtype
+    (:func:`activation_bytes_per_element`). FP4 recipes keep the activation dtype here (what
+    NVFP4 saves for the weight gradient is not in the sources read)."""
+    if te_saved_set(recipe) and recipe.precision == "fp8":
+        return MXFP8_SAVED_BYTES_PER_ELEMENT
+    return activation_bytes_per_element(recipe)
+
+
+def _te_mlp_terms(
+    model: ModelSpec,
+    tokens: float,
+    width_local: float,
+    e: float,
+    lin: float,
+    prefix: str,
+    *,
+    down_trained: bool = True,
+) -> dict[str, float]:
+    """Tensors one Megatron-Core MLP saves (fc1 ``TELayerNormColumnParallelLinear`` or
+    ``TEGroupedLinear``, Megatron's activation, fc2 ``TERowParallelLinear``): the activation
+    function saves its input, the fc1 output, in the activation dtype — 2·f wide for a gated MLP
+    (Megatron-LM ``megatron/core/fusions/fused_bias_swiglu.py`` L180-184, ``SwiGLUFunction`` /
+    ``WeightedSwiGLUFunction``: ``ctx.save_for_backward(input_for_backward, ...)``,
+    ``activation_func_fp8_input_store`` off by default) — and fc2 saves its input, the activation
+    output, at :func:`linear_input_bytes_per_element` (none when fc2 is frozen). 3·e·f for a
+    BF16 SwiGLU MLP where eager PyTorch saves 4·e·f (:func:`_mlp_terms`)."""
+    fc1_out = (2.0 if model.gated else 1.0) * e * tokens * width_local
+    fc2_in = lin * tokens * width_local if down_trained else 0.0
+    return {prefix + "mlp_intermediate": fc1_out + fc2_in}
+
+
 def _mlp_terms(
     model: ModelSpec, tokens: float, width_local: float, e: float, prefix: str, *, down_trained: bool = True
 ) -> dict[str, float]:
@@ -547,7 +598,8 @@ def frozen_linear_saves_input() -> bool:
 
 
 def sp_saves_gathered_input() -> bool:
-    """Whether sequence parallelism saves the all-gathered input of a column-parallel linear: yes.
+    """Whether sequence parallelism saves the all-gathered input of a column-parallel linear: yes,
+    on the PyTorch stacks (the megatron stack saves the local shard, :func:`te_saved_set`).
 
     PyTorch's DTensor tensor parallelism (torchtitan's plan: ``SequenceParallel`` norms, then
     ``PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())`` before the
@@ -602,18 +654,28 @@ def layer_activations(
 
     trained = _trained_linears(recipe)
     terms: dict[str, float] = {}
+    # Transformer Engine (megatron stack): the norm fused into the next linear saves its BF16
+    # input and the linear's input (the norm output) at linear_input_bytes_per_element, the
+    # local sequence shard under sequence parallelism (TransformerEngine v2.8 linear.py L164-165,
+    # L329-331: the gathered copy is freed after the GEMM); eager PyTorch saves the norm output
+    # in the activation dtype, all-gathered under DTensor sequence parallelism.
+    te = te_saved_set(recipe)
+    lin = linear_input_bytes_per_element(recipe)
     # Outside the tp region (divided by t only with sequence parallelism).
     # (er: the residual stream and the norm outputs, FP32 under kbit_fp32_upcast)
     terms["attn_norm_input"] = er * tokens * h / sp_div
     if trained & {"q", "k", "v"}:
-        terms["qkv_input"] = er * tokens * h / sp_div
+        terms["qkv_input"] = (lin if te else er) * tokens * h / sp_div
     if not model.parallel_attn_mlp:
         # With parallel attention and MLP (GPT-J, GPT-NeoX) both norms read the block input,
         # which is stored once (attn_norm_input).
         terms["mlp_norm_input"] = er * tokens * h / sp_div
     if trained & {"gate", "up"} or model.is_moe_layer(layer):
-        terms["mlp_input"] = er * tokens * h / sp_div
-    if layout.sequence_parallel:
+        # an MoE layer's norm output (the router's and the shared experts' BF16 input) stays
+        # in the activation dtype; a dense fc1 saves the quantized copy under TE
+        dense_te = te and not model.is_moe_layer(layer)
+        terms["mlp_input"] = (lin if dense_te else er) * tokens * h / sp_div
+    if layout.sequence_parallel and not te:
         # The column-parallel linears keep the all-gathered input (see sp_saves_gathered_input).
         gathered = ("qkv_input" in terms) + ("mlp_input" in terms)
         if gathered and sp_saves_gathered_input():
@@ -665,17 +727,30 @@ def layer_activations(
             masks = b * recipe.seq_len * ec
             terms["dispatch_mask"] = 1.0 * masks
             terms["combine_mask"] = e * masks
+        elif te:
+            # Megatron-Core's fused permutation keeps an int32 row map per routed row, and the
+            # weighted SwiGLU the routing probability (FP32) it multiplies by
+            terms["routing_indices"] = 8.0 * routed_tokens
         else:
             # int64 top-k indices (saved by ``topk``), the dispatch sort order (saved by the
             # ``index_select`` that gathers the scores) and the token index of each routed row
             # (saved by the ``index_select`` that gathers the tokens and by ``index_add``), and the
             # selected scores cast to the compute dtype (saved by the product with the outputs)
             terms["routing_indices"] = (8.0 + 8.0 + 8.0 + e) * routed_tokens
-        terms["expert_inputs"] = e * slots * h
-        terms.update(_mlp_terms(model, slots, moe.expert_ffn_hidden / t, e, "expert_", down_trained=down))
-        # the combine's einsum, or the product with the scores, saves the experts' outputs
-        terms["expert_outputs"] = e * slots * h
-        if recipe.moe_dispatch == "gather":
+        if te and recipe.moe_dispatch == "gather":
+            # TEGroupedMLP (Megatron-LM megatron/core/transformer/moe/experts.py): fc1
+            # TEGroupedLinear saves each expert's input (grouped_linear.py L197-218), the weighted
+            # SwiGLU applies the probabilities, and the fused unpermute needs no saved outputs
+            terms["expert_inputs"] = lin * slots * h
+            terms.update(
+                _te_mlp_terms(model, slots, moe.expert_ffn_hidden / t, e, lin, "expert_", down_trained=down)
+            )
+        else:
+            terms["expert_inputs"] = e * slots * h
+            terms.update(_mlp_terms(model, slots, moe.expert_ffn_hidden / t, e, "expert_", down_trained=down))
+            # the combine's einsum, or the product with the scores, saves the experts' outputs
+            terms["expert_outputs"] = e * slots * h
+        if recipe.moe_dispatch == "gather" and not te:
             # The score-weighted expert outputs are added back with ``index_add`` (Hugging Face
             # ``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock``: ``final_hidden_states.index_add_``),
             # whose derivative ``source: grad.index_select(dim, index).expand_as(source)``
@@ -683,15 +758,11 @@ def layer_activations(
             # padded slots are dropped before it).
             terms["expert_weighted_outputs"] = e * routed_tokens * h
         if moe.num_shared_experts:
+            width = moe.num_shared_experts * moe.shared_width / t
             terms.update(
-                _mlp_terms(
-                    model,
-                    tokens,
-                    moe.num_shared_experts * moe.shared_width / t,
-                    e,
-                    "shared_",
-                    down_trained=down,
-                )
+                _te_mlp_terms(model, tokens, width, e, lin, "shared_", down_trained=down)
+                if te
+                else _mlp_terms(model, tokens, width, e, "shared_", down_trained=down)
             )
             if moe.shared_expert_gate:
                 # Qwen2-MoE ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``: the product
@@ -702,7 +773,10 @@ def layer_activations(
         # Under kbit_fp32_upcast the 4-bit gate and up projections return their FP32 input's dtype
         # (bitsandbytes Linear4bit.forward: ``out.to(inp_dtype)``), so the activation's input and
         # output, the up output and their product are FP32 too: er bytes each.
-        terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, er, "", down_trained=down))
+        if te:
+            terms.update(_te_mlp_terms(model, tokens, model.ffn_hidden / t, e, lin, "", down_trained=down))
+        else:
+            terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, er, "", down_trained=down))
     return LayerActivations(terms=terms)
 
 
@@ -880,9 +954,12 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     v_local = model.vocab_size / t
     # The final norm saves its input; the LM head saves its input only when its weight is trained
     # (a frozen head under LoRA/QLoRA needs only its weight for the input gradient). Under
-    # sequence parallelism the head's input is the all-gathered sequence (sp_saves_gathered_input).
+    # sequence parallelism the head's input is the all-gathered sequence (sp_saves_gathered_input);
+    # Megatron-Core's output layer (ColumnParallelLinear) saves the local shard and gathers it
+    # again in backward (Korthikanti et al. 2022 Sec. 4.2.2).
     h = model.hidden_size
-    head_div = 1 if layout.sequence_parallel and sp_saves_gathered_input() else sp_div
+    gathered = layout.sequence_parallel and sp_saves_gathered_input() and not te_saved_set(recipe)
+    head_div = 1 if gathered else sp_div
     head_inputs = residual_bytes_per_element(recipe) * tokens * h / sp_div + (
         0.0 if recipe.is_peft else e * tokens * h / head_div
     )

@@ -431,6 +431,12 @@ class Recipe:
                 f"PEFT's prepare_model_for_kbit_training upcast is the QLoRA (4-bit base) path; "
                 f"method {self.method!r} has no k-bit base: drop --kbit-fp32-upcast or use --method qlora",
             )
+        if self.kbit_fp32_upcast and self.stack != "pytorch":
+            raise RecipeError(
+                "kbit_fp32_upcast",
+                f"PEFT's k-bit upcast is the Hugging Face Trainer's path (PyTorch modules); the {self.stack} stack "
+                "runs its own modules: use --stack pytorch (or --engine hf-trainer), or drop --kbit-fp32-upcast",
+            )
         if self.kbit_fp32_upcast and self.recompute in ("selective", "sac"):
             raise RecipeError(
                 "kbit_fp32_upcast",

@@ -208,7 +208,9 @@ def run_verify(
         raise ValueError(f"world_size={world_size} but the layout has {layout.num_devices} devices")
     spec = reduced_model(model, depth)
     tr = trace_step(model, recipe, layout, depth=depth)
-    one_mb = replace(recipe, global_batch=None)
+    # the traced modules are eager PyTorch ones: compare with what the pytorch stack saves
+    # (the megatron stack's Transformer Engine modules save less, memory.te_saved_set)
+    one_mb = replace(recipe, global_batch=None, stack="pytorch")
     mem = memory_breakdown(spec, one_mb, layout, num_microbatches=1)
     rows = compare_memory(mem, tr)
     sf = step_flops(spec, one_mb, Layout())

@@ -54,6 +54,7 @@ def memory_row_inputs(row: MemoryRow) -> tuple[ModelSpec, Recipe, Layout]:
         seq_len=row.seq_len,
         micro_batch=row.micro_batch,
         recompute=recompute,  # type: ignore[arg-type]
+        stack=REGISTRY[row.dataset].stack,  # type: ignore[arg-type]
     )
     tp = row.tp or 1
     # torchtitan (the only per-layout memory source here) always pairs TP with sequence

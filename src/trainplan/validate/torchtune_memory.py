@@ -69,6 +69,7 @@ def _full(**kw: object) -> Recipe:
         "master_weights": False,
         "attention": "flash",
         "recompute": "full",
+        "stack": "pytorch",  # torchtune: PyTorch modules (what each saves: memory.layer_activations)
     }
     base.update(kw)
     return Recipe(**base)  # type: ignore[arg-type]
