@@ -204,23 +204,17 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out.out, out.err
 
 
+# an expert-parallel plan the Megatron target can write (its optimizer offloaded, not its parameters)
+MIXTRAL_PLAN = ["plan", "mixtral-8x22b", "--hardware", "h100-sxm", "--devices", "16", "--tokens", "1e10"]
+MIXTRAL_PLAN += ["--offload", "optimizer"]
+
+
 def test_plan_export_then_export_plan_write_the_same_launch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Mixtral-8x22B on 16 H100: the planner's expert-parallel plan, launched by Megatron-LM."""
     script = tmp_path / "launch.sh"
-    args = [
-        "plan",
-        "mixtral-8x22b",
-        "--hardware",
-        "h100-sxm",
-        "--devices",
-        "16",
-        "--tokens",
-        "1e10",
-        "--offload",
-        "optimizer",
-    ]
+    args = MIXTRAL_PLAN
     code, out, err = _run(capsys, *args, "--export", "engine", "--export-file", str(script), "--json")
     assert code == 0, err
     saved = tmp_path / "plan.json"
@@ -244,18 +238,7 @@ def test_plan_export_then_export_plan_write_the_same_launch(
 def test_plan_export_names_the_plans_it_passes_over(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = [
-        "plan",
-        "mixtral-8x22b",
-        "--hardware",
-        "h100-sxm",
-        "--devices",
-        "16",
-        "--tokens",
-        "1e10",
-        "--offload",
-        "optimizer",
-    ]
+    args = MIXTRAL_PLAN
     code, out, err = _run(capsys, *args, "--export", "deepspeed", "--export-file", str(tmp_path / "ds.json"))
     assert code == 2
     assert out.startswith("plan for mixtral-8x22b")  # the plan is still printed
