@@ -357,16 +357,21 @@ class MemoryBreakdown:
         return sum(v for _, v in self.phase_terms(phase))
 
     @functools.cached_property
+    def _phase_sums(self) -> tuple[Num, ...]:
+        """:meth:`phase_bytes` of every phase, in order, summed once for the peak and its phase."""
+        return tuple(self.phase_bytes(phase) for phase in self.phases)
+
+    @functools.cached_property
     def peak_phase(self) -> str:
-        return max(self.phases, key=self.phase_bytes)  # ties: the earlier moment
+        sums = self._phase_sums
+        return self.phases[max(range(len(sums)), key=sums.__getitem__)]  # ties: the earlier moment
 
     @functools.cached_property
     def peak_bytes(self) -> float:
         """Peak of live tensors (what ``torch.cuda.max_memory_allocated`` measures): the largest
         of the phases' sums (element-wise for the planner's array breakdowns)."""
         out: Num | None = None
-        for phase in self.phases:
-            v = self.phase_bytes(phase)
+        for v in self._phase_sums:
             out = v if out is None else maximum(out, v)
         return cast(float, out)
 
