@@ -95,13 +95,12 @@ def test_a_whole_system_entry_is_priced_and_powered_as_itself() -> None:
     price, source = default_node_price(wse)
     assert wse.purchase is not None and price == wse.purchase.usd_per_device
     assert "whole system" in source
-    own = Ownership(
+    own = _own(
         accelerator=wse,
         devices=2,
         node_price_usd=price,
         node_price_source=source,
         rent_usd_per_device_hour=40.0,
-        rent_source="test",
     )
     assert own.node_kw == pytest.approx(wse.tdp_w / 1000.0)
     gpu_price, _ = default_node_price(get_accelerator("h100-sxm"))

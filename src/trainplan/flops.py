@@ -126,17 +126,25 @@ def capacity_slots(seq_len: int, top_k: int, num_experts: int, capacity_factor: 
     return int(max(math.ceil(seq_len * top_k / num_experts) * capacity_factor, capacity_factor))
 
 
+def expert_capacity(spec: ModelSpec, recipe: Recipe) -> int | None:
+    """:func:`capacity_slots` of the recipe's capacity factor: each routed expert's slots per
+    sequence; ``None`` for dropless routing or a dense model."""
+    moe = spec.moe
+    cf = recipe.moe_capacity_factor
+    if moe is None or cf is None:
+        return None
+    return capacity_slots(recipe.seq_len, moe.top_k, moe.num_experts, cf)
+
+
 def expert_slot_ratio(spec: ModelSpec, recipe: Recipe) -> float:
     """Expert token slots per routed token, ``E·C / (S·K)`` (:func:`capacity_slots`): the factor by
     which capacity padding (``Recipe.moe_capacity_factor``) grows the routed experts' executed
     GEMM FLOPs, their saved activations and the expert all-to-all buffers (each expert runs on all
     C slots, filled or not: MaxText ``moe.py`` L814-844). 1 for dropless routing or a dense model."""
-    moe = spec.moe
-    cf = recipe.moe_capacity_factor
-    if moe is None or cf is None:
+    slots = expert_capacity(spec, recipe)
+    if slots is None or spec.moe is None:
         return 1.0
-    slots = capacity_slots(recipe.seq_len, moe.top_k, moe.num_experts, cf)
-    return moe.num_experts * slots / (recipe.seq_len * moe.top_k)
+    return spec.moe.num_experts * slots / (recipe.seq_len * spec.moe.top_k)
 
 
 def moe_einsum_flops(spec: ModelSpec, recipe: Recipe, b: float) -> float:
@@ -151,12 +159,11 @@ def moe_einsum_flops(spec: ModelSpec, recipe: Recipe, b: float) -> float:
     training (the input gradient of the dispatch, whose mask is boolean; the expert-output and
     the router-weight gradients of the combine) and two when the router is frozen (PEFT): see
     :func:`_layer_passes`."""
-    moe = spec.moe
-    if moe is None or recipe.moe_dispatch != "einsum" or recipe.moe_capacity_factor is None:
+    slots = expert_capacity(spec, recipe)
+    if slots is None or spec.moe is None or recipe.moe_dispatch != "einsum":
         return 0.0
-    s = recipe.seq_len
-    ec = moe.num_experts * capacity_slots(s, moe.top_k, moe.num_experts, recipe.moe_capacity_factor)
-    return 2.0 * (2.0 * b * s * ec * spec.hidden_size)
+    ec = spec.moe.num_experts * slots
+    return 2.0 * (2.0 * b * recipe.seq_len * ec * spec.hidden_size)
 
 
 MoEGemmRouting = tuple[float, tuple[int, int] | None]
@@ -167,16 +174,10 @@ DROPLESS: Final[MoEGemmRouting] = (1.0, None)
 
 def moe_gemm_routing(spec: ModelSpec, recipe: Recipe) -> MoEGemmRouting:
     """The routing figures :func:`layer_gemms` shapes the expert and einsum GEMMs by."""
-    moe = spec.moe
-    cf = recipe.moe_capacity_factor
-    if moe is None or cf is None:
+    slots = expert_capacity(spec, recipe)
+    if slots is None or spec.moe is None:
         return DROPLESS
-    shape = None
-    if recipe.moe_dispatch == "einsum":
-        shape = (
-            recipe.seq_len,
-            moe.num_experts * capacity_slots(recipe.seq_len, moe.top_k, moe.num_experts, cf),
-        )
+    shape = (recipe.seq_len, spec.moe.num_experts * slots) if recipe.moe_dispatch == "einsum" else None
     return expert_slot_ratio(spec, recipe), shape
 
 

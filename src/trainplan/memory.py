@@ -38,7 +38,7 @@ from typing import Any, Final, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import RecipeError, TrainplanError
-from trainplan.flops import capacity_slots, check_layer_selective, check_moe_routing, expert_slot_ratio
+from trainplan.flops import check_layer_selective, check_moe_routing, expert_capacity, expert_slot_ratio
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
@@ -721,41 +721,37 @@ def layer_activations(
         # capacity padding (Recipe.moe_capacity_factor): each expert runs on all its C slots
         slots = routed_tokens * expert_slot_ratio(model, recipe)
         terms["router_probs"] = 4.0 * tokens * moe.num_experts
-        if recipe.moe_dispatch == "einsum" and recipe.moe_capacity_factor is not None:
+        capacity = expert_capacity(model, recipe)
+        width = moe.expert_ffn_hidden / t
+        if recipe.moe_dispatch == "einsum" and capacity is not None:
             # GShard / MaxText dense_matmul (moe.py 14b5876e L677-689): the boolean dispatch mask
             # (saved for the input gradient of ``BSM,BSEC -> EBCM``) and the 16-bit combine mask,
             # router weights times the one-hot slot positions (saved for the gradients of
-            # ``EBCM,BSEC -> BSM``), each b·S·E·C elements; no index tensors
-            ec = moe.num_experts * capacity_slots(
-                recipe.seq_len, k, moe.num_experts, recipe.moe_capacity_factor
-            )
-            masks = b * recipe.seq_len * ec
+            # ``EBCM,BSEC -> BSM``), each b·S·E·C elements; no index tensors. The combine's
+            # einsum saves the experts' outputs.
+            masks = b * recipe.seq_len * moe.num_experts * capacity
             terms["dispatch_mask"] = 1.0 * masks
             terms["combine_mask"] = e * masks
+            terms["expert_inputs"] = e * slots * h
+            terms.update(_mlp_terms(model, slots, width, e, "expert_", down_trained=down))
+            terms["expert_outputs"] = e * slots * h
         elif te:
-            # Megatron-Core's fused permutation keeps an int32 row map per routed row, and the
-            # weighted SwiGLU the routing probability (FP32) it multiplies by
+            # TEGroupedMLP (Megatron-LM megatron/core/transformer/moe/experts.py): Megatron-Core's
+            # fused permutation keeps an int32 row map per routed row and the weighted SwiGLU the
+            # routing probability (FP32) it multiplies by; fc1 TEGroupedLinear saves each expert's
+            # input (grouped_linear.py L197-218); the fused unpermute needs no saved outputs
             terms["routing_indices"] = 8.0 * routed_tokens
+            terms["expert_inputs"] = lin * slots * h
+            terms.update(_te_mlp_terms(model, slots, width, e, lin, "expert_", down_trained=down))
         else:
             # int64 top-k indices (saved by ``topk``), the dispatch sort order (saved by the
             # ``index_select`` that gathers the scores) and the token index of each routed row
             # (saved by the ``index_select`` that gathers the tokens and by ``index_add``), and the
             # selected scores cast to the compute dtype (saved by the product with the outputs)
             terms["routing_indices"] = (8.0 + 8.0 + 8.0 + e) * routed_tokens
-        if te and recipe.moe_dispatch == "gather":
-            # TEGroupedMLP (Megatron-LM megatron/core/transformer/moe/experts.py): fc1
-            # TEGroupedLinear saves each expert's input (grouped_linear.py L197-218), the weighted
-            # SwiGLU applies the probabilities, and the fused unpermute needs no saved outputs
-            terms["expert_inputs"] = lin * slots * h
-            terms.update(
-                _te_mlp_terms(model, slots, moe.expert_ffn_hidden / t, e, lin, "expert_", down_trained=down)
-            )
-        else:
             terms["expert_inputs"] = e * slots * h
-            terms.update(_mlp_terms(model, slots, moe.expert_ffn_hidden / t, e, "expert_", down_trained=down))
-            # the combine's einsum, or the product with the scores, saves the experts' outputs
+            terms.update(_mlp_terms(model, slots, width, e, "expert_", down_trained=down))
             terms["expert_outputs"] = e * slots * h
-        if recipe.moe_dispatch == "gather" and not te:
             # The score-weighted expert outputs are added back with ``index_add`` (Hugging Face
             # ``MixtralSparseMoeBlock`` / ``Qwen2MoeSparseMoeBlock``: ``final_hidden_states.index_add_``),
             # whose derivative ``source: grad.index_select(dim, index).expand_as(source)``
@@ -763,11 +759,11 @@ def layer_activations(
             # padded slots are dropped before it).
             terms["expert_weighted_outputs"] = e * routed_tokens * h
         if moe.num_shared_experts:
-            width = moe.num_shared_experts * moe.shared_width / t
+            shared = moe.num_shared_experts * moe.shared_width / t
             terms.update(
-                _te_mlp_terms(model, tokens, width, e, lin, "shared_", down_trained=down)
+                _te_mlp_terms(model, tokens, shared, e, lin, "shared_", down_trained=down)
                 if te
-                else _mlp_terms(model, tokens, width, e, "shared_", down_trained=down)
+                else _mlp_terms(model, tokens, shared, e, "shared_", down_trained=down)
             )
             if moe.shared_expert_gate:
                 # Qwen2-MoE ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``: the product

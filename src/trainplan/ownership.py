@@ -48,10 +48,6 @@ NODE_POWER_PER_ACCELERATOR_TDP: Final = 10_200.0 / (8 * 700.0)
 """Server power per watt of accelerator TDP (DGX H100: 10.2 kW maximum for 8 × 700 W GPUs)."""
 SERVER_OVERHEAD: Final = 0.25
 """Server cost beyond its accelerators, as a fraction of their price (assumption)."""
-WHOLE_SYSTEMS: Final = frozenset({"wse-3"})
-"""Catalog entries that are a whole system, priced and powered as one (a Cerebras CS-3: the
-wafer, its power, cooling and I/O in one box; its ~23 kW is the system's): no server overhead and
-no server power ratio on top of their price and TDP."""
 DEFAULT_NETWORK_FRACTION: Final = 0.15
 """Scale-out network (NICs' switch ports, optics, switches) per server, as a fraction of its price
 (assumption)."""
@@ -132,7 +128,7 @@ class Ownership:
     def node_kw(self) -> float:
         tdp = self.accelerator.tdp_w
         assert tdp is not None
-        ratio = 1.0 if self.accelerator.name in WHOLE_SYSTEMS else NODE_POWER_PER_ACCELERATOR_TDP
+        ratio = 1.0 if self.accelerator.whole_system else NODE_POWER_PER_ACCELERATOR_TDP
         return self.accelerator.devices_per_node * tdp * ratio / 1000.0
 
     @property
@@ -240,7 +236,7 @@ class Ownership:
             f"  server power            {self.node_kw:.1f} kW at full load "
             + (
                 "(the system's own power)"
-                if self.accelerator.name in WHOLE_SYSTEMS
+                if self.accelerator.whole_system
                 else "(DGX H100 system/GPU power ratio)"
             ),
             f"  electricity             ${self.usd_per_kwh:.3f}/kWh (--usd-per-kwh), PUE {self.pue:g} (--pue)",
@@ -282,7 +278,7 @@ def default_node_price(acc: Accelerator) -> tuple[float, str]:
             f"{acc.name} has no purchase price in the catalog; give --node-price USD (one server of "
             f"{acc.devices_per_node})",
         )
-    if acc.name in WHOLE_SYSTEMS:
+    if acc.whole_system:
         price = purchase.usd_per_device * acc.devices_per_node
         return price, (
             f"{acc.devices_per_node} × ${purchase.usd_per_device:,.0f} (purchase price of the whole system, "

@@ -269,6 +269,10 @@ class Accelerator:
     :data:`NO_PUBLIC_PRICE_REASONS`; ``sources.price`` names the source that says so."""
     cloud: tuple[CloudOffering, ...] = ()
     devices_per_node: int
+    whole_system: bool = False
+    """The entry is a whole system, priced and powered as one box (a Cerebras CS-3: the wafer with
+    its power, cooling and I/O): ``purchase_usd`` and ``tdp_w`` are the system's, so buy-vs-rent
+    adds no server share and no server power ratio (:mod:`trainplan.ownership`)."""
     host_memory_bytes_per_node: float | None = None
     """CPU memory of the reference server (``devices_per_node`` accelerators), for offloaded
     states; ``None`` when the catalog knows no reference server (give it per system)."""
@@ -287,6 +291,8 @@ class Accelerator:
             raise CatalogError("year", f"must be a year such as 2024, got {self.year!r}")
         if self.status not in STATUSES:
             raise CatalogError("status", f"must be one of {', '.join(STATUSES)}, got {self.status!r}")
+        if not isinstance(self.whole_system, bool):
+            raise CatalogError("whole_system", f"must be true or false, got {self.whole_system!r}")
         object.__setattr__(self, "aliases", tuple(a.lower() for a in self.aliases))
         for alias in self.aliases:
             if not _NAME_RE.match(alias):
@@ -497,6 +503,7 @@ class Accelerator:
             "no_public_price": self.no_public_price,
             "cloud": [o.to_dict() for o in self.cloud],
             "devices_per_node": self.devices_per_node,
+            "whole_system": self.whole_system,
             "host_memory_bytes_per_node": self.host_memory_bytes_per_node,
             "sources": dict(self.sources),
             "dates": dict(self.dates),

@@ -37,6 +37,7 @@ _STRS: Final = "list of strings"
 _TABLE: Final = "table"
 _LINK: Final = "link table"
 _CLOUD: Final = "array of cloud tables"
+_BOOL: Final = "boolean"
 
 # key -> (kind, required)
 _ACCELERATOR_KEYS: Final[dict[str, tuple[str, bool]]] = {
@@ -63,6 +64,7 @@ _ACCELERATOR_KEYS: Final[dict[str, tuple[str, bool]]] = {
     "no_public_price": (_STR, False),
     "cloud": (_CLOUD, False),
     "devices_per_node": (_INT, True),
+    "whole_system": (_BOOL, False),
     "host_memory_bytes_per_node": (_NUM, False),
     "sources": (_TABLE, True),
     "dates": (_TABLE, False),
@@ -94,6 +96,8 @@ def _check_type(key: str, value: object, kind: str, where: str) -> None:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif kind == _STR:
         ok = isinstance(value, str)
+    elif kind == _BOOL:
+        ok = isinstance(value, bool)
     elif kind == _STRS:
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
     elif kind in (_TABLE, _LINK):

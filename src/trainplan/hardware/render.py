@@ -181,7 +181,10 @@ def render_show(acc: Accelerator) -> str:
     lines.extend(_link_lines("scale-up", acc.scale_up, scale_up=True))
     lines.extend(_link_lines("scale-out", acc.scale_out, scale_up=False))
     lines.extend(_link_lines("host link", acc.host_link, scale_up=False))
-    lines.append(f"  devices per node: {acc.devices_per_node}")
+    lines.append(
+        f"  devices per node: {acc.devices_per_node}"
+        + (" (the entry is a whole system, priced and powered as one)" if acc.whole_system else "")
+    )
     host = acc.host_memory_bytes_per_node
     lines.append(
         f"  host memory per node: {host / 1e9:,.0f} GB ({host / 2**30:,.0f} GiB)"

@@ -79,7 +79,6 @@ from trainplan.efficiency import DeviceEfficiency, get_efficiency
 from trainplan.errors import TrainplanError
 from trainplan.flops import (
     device_flops,
-    expert_slot_ratio,
     moe_gemm_routing,
     optimizer_update_bytes,
     step_flops,
@@ -736,6 +735,8 @@ class BulkEvaluator:
             raise TrainplanError("global_batch", "the planner needs a fixed global batch")
         self.model = model
         self.base = base
+        # the recipe's MoE routing, fixed for the whole search (flops.moe_gemm_routing)
+        self._routing = moe_gemm_routing(model, base)
         self.cores = cores
         self.accelerators = accelerators
         self.prices = prices
@@ -1259,7 +1260,7 @@ class BulkEvaluator:
                     layout,
                     ax.eff,
                     ax.dtype,
-                    moe_gemm_routing(self.model, self.base),
+                    self._routing,
                 )
             row[a] = got
         return np.asarray(row[accs])
@@ -1552,7 +1553,7 @@ class BulkEvaluator:
                 trainable_dense_params=self._c_tdense[core],
                 trainable_expert_params=self._c_texpert[core],
                 granularity=self.options.zero3_granularity,
-                capacity_factor=expert_slot_ratio(self.model, self.base),
+                capacity_factor=self._routing[0],
             ),
             with_buffers=with_buffers,
         )
