@@ -159,6 +159,9 @@ def test_the_planner_applies_the_routing_and_searches_only_layouts_it_models() -
         assert p.estimate.time.step_s == pytest.approx(again.time.step_s, rel=1e-9)
         assert again.recipe.moe_dispatch == "einsum"
     assert result.stats.invalid.get("layout: tp", 0) > 0
+    assert any(
+        n.startswith("not searched, as given: MoE capacity factor 1.25 with einsum") for n in result.notes
+    )
     # dropless is faster on the same space
     fast = plan(
         model,

@@ -1040,6 +1040,14 @@ def plan(
         "tp_comm_overlap, pp_comm_overlap, zero3_granularity, grad_accumulation "
         f"({space.layout_options.describe()})"
     )
+    if base.moe_capacity_factor is not None:
+        # the routing is the user's (Recipe.moe_capacity_factor, moe_dispatch), not a search axis
+        left_out = sum(invalid_cores.get(f"layout: {f}", 0) for f in ("tp", "cp"))
+        notes.append(
+            f"not searched, as given: MoE capacity factor {base.moe_capacity_factor:g} with {base.moe_dispatch} "
+            f"dispatch; {left_out:,} layout(s) left out where it is not modelled "
+            "(einsum dispatch with tp > 1, a capacity factor with cp > 1)"
+        )
     res = ev.evaluate(cand, prune_slower=True) if len(cand) else None
     if res is None:
         raise TrainplanError("hardware", _no_candidate_message(skipped, pruned, invalid_cores, space))
