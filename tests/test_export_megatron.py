@@ -37,14 +37,15 @@ VALUED = {
     "--micro-batch-size", "--global-batch-size", "--fp8-format", "--fp4-format", "--recompute-granularity",
     "--recompute-method", "--recompute-num-layers", "--attention-backend", "--attention-dropout",
     "--hidden-dropout", "--optimizer", "--sgd-momentum", "--optimizer-offload-fraction", "--tokenizer-type",
-    "--vocab-size", "--train-iters", "--lr-decay-iters",
+    "--vocab-size", "--train-iters", "--lr-decay-iters", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
+    "--qk-pos-emb-head-dim", "--v-head-dim", "--moe-layer-freq",
 }  # fmt: skip
 SWITCHES = {
     "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
     "--add-qkv-bias", "--qk-layernorm", "--moe-grouped-gemm", "--sequence-parallel",
     "--no-overlap-p2p-communication", "--use-distributed-optimizer", "--use-megatron-fsdp",
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--no-gradient-accumulation-fusion",
-    "--bf16", "--fp16", "--optimizer-cpu-offload", "--mock-data",
+    "--bf16", "--fp16", "--optimizer-cpu-offload", "--mock-data", "--multi-latent-attention",
 }  # fmt: skip
 CHOICES = {
     "--normalization": {"LayerNorm", "RMSNorm"},
@@ -67,7 +68,7 @@ def megatron_parser() -> argparse.ArgumentParser:
         kind: Any = (
             float
             if flag in floats
-            else (str if flag in CHOICES or flag.endswith(("-type", "-format")) else int)
+            else (str if flag in CHOICES or flag.endswith(("-type", "-format", "-freq")) else int)
         )
         p.add_argument(flag, type=kind, choices=sorted(CHOICES[flag]) if flag in CHOICES else None)
     for flag in sorted(SWITCHES):
@@ -98,6 +99,7 @@ PLANS = [
     ("mixtral-8x7b", 16, {"global_batch": 64, "tokens": 1e10, "offload": "optimizer"}, {"ep": 8, "zero": 1}),
     ("qwen3-30b-a3b", 8, {"global_batch": 16}, {"ep": 8, "zero": 2}),
     ("mistral-7b", 8, {"global_batch": 16, "optimizer": "sgd"}, {"pp": 2}),
+    ("deepseek-v2-lite", 8, {"global_batch": 16}, {"ep": 8, "zero": 1}),
 ]  # fmt: skip
 
 
@@ -126,6 +128,18 @@ def test_megatron_arguments_parse_as_megatron_declares_them(
     assert args.use_megatron_fsdp == (lay.zero >= 2)
     if spec.moe is not None:
         assert (args.num_experts, args.moe_router_topk) == (spec.moe.num_experts, spec.moe.top_k)
+        # Megatron's pattern: 0 = dense, 1 = MoE, one per layer
+        freq = args.moe_layer_freq
+        pattern = eval(freq, {"__builtins__": {}}) if freq else [1] * spec.num_layers
+        assert pattern == [int(spec.is_moe_layer(i)) for i in range(spec.num_layers)]
+    if spec.mla is not None:
+        assert args.multi_latent_attention and args.qk_layernorm
+        assert (args.q_lora_rank or 0, args.kv_lora_rank) == (spec.mla.q_lora_rank, spec.mla.kv_lora_rank)
+        assert (args.qk_head_dim, args.qk_pos_emb_head_dim, args.v_head_dim) == (
+            spec.mla.qk_nope_head_dim,
+            spec.mla.qk_rope_head_dim,
+            spec.mla.v_head_dim,
+        )
     if lay.pp_schedule == "interleaved":
         assert args.num_virtual_stages_per_pipeline_rank == lay.virtual_stages
         assert args.no_overlap_p2p_communication == (not lay.pp_comm_overlap)

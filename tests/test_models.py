@@ -342,7 +342,7 @@ def _field(cfg: dict[str, Any], **kw: Any) -> str:
 
 
 def test_hf_unknown_model_type() -> None:
-    cfg = _cfg("llama-2-7b") | {"model_type": "deepseek_v3"}
+    cfg = _cfg("llama-2-7b") | {"model_type": "mamba2"}
     with pytest.raises(ModelError) as err:
         from_hf_config(cfg, "x")
     assert err.value.field == "model_type"

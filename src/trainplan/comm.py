@@ -1435,7 +1435,8 @@ def step_traffic(
     if _may_span(cp):
         kv_heads_local = maximum(spec.num_kv_heads / as_float(tp), 1.0) if sized else 0.0
         out += context_parallel_traffic(
-            kv_bytes=2 * b * (s / cp) * kv_heads_local * spec.head_dim * e if sized else 0.0,
+            # K (d per head) and V (d_v per head; d without MLA, whose ring passes the expanded K, V)
+            kv_bytes=b * (s / cp) * kv_heads_local * (spec.head_dim + spec.v_head_dim) * e if sized else 0.0,
             cp_size=cp,
             layers=layers,
             micro_batches=m,

@@ -53,6 +53,7 @@ from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import LayoutError
 from trainplan.layout import Layout
 from trainplan.layout import stage_layers as stage_layers  # the one stage assignment (re-exported)
+from trainplan.models.params import lora_modules
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import LoRASpec, Recipe, block_recipe
 from trainplan.sac import block_linears, check_sac
@@ -71,9 +72,11 @@ class LayerFlops:
     """GEMM FLOPs of one forward of one transformer layer over ``b·s`` tokens (all devices together).
 
     ``qkv_proj``    2·T·h·(a + 2k)·d               query/key/value projections (GQA: k ≤ a)
-    ``attn_scores`` 2·b·a·s²·d · (1/2 if causal)   QKᵀ
-    ``attn_values`` 2·b·a·s²·d · (1/2 if causal)   P·V
-    ``out_proj``    2·T·a·d·h                      attention output projection
+                    MLA: 2·T·(r_q·a·(d_n+d_r) + r_kv·a·(d_n+d_v))   the up projections q_b, kv_b
+    ``latent_proj`` MLA: 2·T·h·(r_q + r_kv + d_r)  the down projections q_a, kv_a (not split by tp)
+    ``attn_scores`` 2·b·a·s²·d · (1/2 if causal)   QKᵀ (MLA: d = d_n + d_r)
+    ``attn_values`` 2·b·a·s²·d_v · (1/2 if causal) P·V (d_v = d without MLA)
+    ``out_proj``    2·T·a·d_v·h                    attention output projection
     ``mlp``         2·T·h·f · (3 gated | 2)        dense MLP: gate, up, down (SwiGLU/GeGLU) or up, down
     ``moe_experts`` 2·T·h·(K·f_e + S·f_s) · (3|2)  routed experts (K per token) + S shared experts
     ``router``      2·T·h·E (+ 2·T·h shared gate)  MoE router logits (Qwen2-MoE: + shared-expert gate)
@@ -86,6 +89,7 @@ class LayerFlops:
     mlp: float = 0.0
     moe_experts: float = 0.0
     router: float = 0.0
+    latent_proj: float = 0.0
 
     @property
     def attention(self) -> float:
@@ -95,7 +99,7 @@ class LayerFlops:
     @property
     def gemm(self) -> float:
         """Weight-GEMM FLOPs: projections, MLP / experts and router."""
-        return self.qkv_proj + self.out_proj + self.mlp + self.moe_experts + self.router
+        return self.qkv_proj + self.out_proj + self.mlp + self.moe_experts + self.router + self.latent_proj
 
     @property
     def total(self) -> float:
@@ -112,9 +116,10 @@ def _check_layer(spec: ModelSpec, layer_idx: int) -> None:
         raise LayoutError("layer", f"layer index {layer_idx} outside 0..{spec.num_layers - 1}")
 
 
-def _attention_core_flops(spec: ModelSpec, b: float, s: float, causal: bool) -> float:
-    """One of QKᵀ or PV: 2·b·a·s²·d, halved for causal masks (module docstring)."""
-    full = 2.0 * b * spec.num_heads * s * s * spec.head_dim
+def _attention_core_flops(spec: ModelSpec, b: float, s: float, causal: bool, width: int) -> float:
+    """One of QKᵀ (``width`` = d) or PV (``width`` = d_v): 2·b·a·s²·width, halved for causal
+    masks (module docstring)."""
+    full = 2.0 * b * spec.num_heads * s * s * width
     return full / 2.0 if causal else full
 
 
@@ -208,16 +213,26 @@ def layer_forward_flops(
     Derivation: each linear ``n_in → n_out`` applied to T tokens is a (T×n_in)·(n_in×n_out) matmul,
     2·T·n_in·n_out FLOPs; the attention core is two batched matmuls per head of s×d by d×s and
     s×s by s×d (Shoeybi et al. 2019; Narayanan et al. 2021, Sec. 5.1 and App.; GQA: Ainslie et al.
-    2023 changes only the K/V projection widths). MoE layers (``spec.is_moe_layer``) replace the
+    2023 changes only the K/V projection widths; MLA, DeepSeek-V2 Eqs. 9-19, projects through the
+    latents of :class:`~trainplan.models.spec.MLASpec`). MoE layers (``spec.is_moe_layer``) replace the
     dense MLP by K routed experts per token plus the shared experts (Fedus et al. 2021; DeepSeekMoE,
     Dai et al. 2024), and add the router ``h → E``.
     """
     _check_layer(spec, layer_idx)
     t = b * s
     h = spec.hidden_size
-    qkv = 2.0 * t * h * (spec.q_dim + 2 * spec.kv_dim)
-    out = 2.0 * t * spec.q_dim * h
-    core = _attention_core_flops(spec, b, s, causal)
+    qkv = 2.0 * t * spec.attention_weights("column")
+    latent = 2.0 * t * spec.attention_weights("replicated")
+    out = 2.0 * t * spec.attention_weights("row")
+    scores = _attention_core_flops(spec, b, s, causal, spec.head_dim)
+    values = _attention_core_flops(spec, b, s, causal, spec.v_head_dim)
+    attn = {
+        "qkv_proj": qkv,
+        "attn_scores": scores,
+        "attn_values": values,
+        "out_proj": out,
+        "latent_proj": latent,
+    }
     m = _mlp_matrices(spec)
     moe = spec.moe
     if moe is not None and spec.is_moe_layer(layer_idx):
@@ -226,11 +241,9 @@ def layer_forward_flops(
         router = 2.0 * t * h * moe.num_experts
         if moe.shared_expert_gate and moe.num_shared_experts:
             router += 2.0 * t * h
-        return LayerFlops(
-            qkv_proj=qkv, attn_scores=core, attn_values=core, out_proj=out, moe_experts=experts, router=router
-        )
+        return LayerFlops(**attn, moe_experts=experts, router=router)
     mlp = 2.0 * t * h * spec.ffn_hidden * m
-    return LayerFlops(qkv_proj=qkv, attn_scores=core, attn_values=core, out_proj=out, mlp=mlp)
+    return LayerFlops(**attn, mlp=mlp)
 
 
 def logits_forward_flops(spec: ModelSpec, b: float, s: float) -> float:
@@ -247,7 +260,8 @@ def logits_forward_flops(spec: ModelSpec, b: float, s: float) -> float:
 def gemm_params(spec: ModelSpec, *, active: bool = True) -> int:
     """Weights that take part in a GEMM for each token: the ``N`` of the ``6·N·T`` rule.
 
-    Per layer: ``h·(a + 2k)·d + a·d·h`` (attention) + ``m·h·f`` (dense MLP, m = 3 gated / 2) or
+    Per layer: ``h·(a + 2k)·d + a·d·h`` (attention; MLA: its five matrices,
+    :attr:`~trainplan.models.spec.ModelSpec.attention_projections`) + ``m·h·f`` (dense MLP, m = 3 gated / 2) or
     ``m·h·(K·f_e + S·f_s) + h·E`` (MoE with ``active=True``: the K routed experts a token uses, the S
     shared experts and the router; ``active=False`` counts all E experts). Plus the LM head ``V·e``
     (a GEMM whether or not it is tied to the embedding; e = h unless projected) and OPT-350M's
@@ -257,7 +271,7 @@ def gemm_params(spec: ModelSpec, *, active: bool = True) -> int:
     """
     h = spec.hidden_size
     m = _mlp_matrices(spec)
-    attn = h * (spec.q_dim + 2 * spec.kv_dim) + spec.q_dim * h
+    attn = spec.attention_weights()
     e = spec.embed_width
     total = spec.vocab_size * e + (2 * e * h if spec.embed_projected else 0)
     moe = spec.moe
@@ -313,14 +327,26 @@ def layer_gemms(
     ``slot_ratio`` (:func:`expert_slot_ratio`): each expert runs on its padded capacity, ratio
     times the balanced rows. ``einsum`` = (S, E·C): the one-hot dispatch ``BSM,BSEC -> EBCM`` is
     one (E·C × S)·(S × h) matmul per sequence and the combine ``EBCM,BSEC -> BSM`` one
-    (S × E·C)·(E·C × h) (:func:`moe_einsum_flops`).
+    (S × E·C)·(E·C × h) (:func:`moe_einsum_flops`). The down projections of MLA are replicated
+    over tp (:class:`~trainplan.models.spec.Projection`).
     """
     _check_layer(spec, layer_idx)
     h = spec.hidden_size
-    gemms = [
-        Gemm(name="qkv_proj", m=tokens, n=(spec.q_dim + 2 * spec.kv_dim) / tp, k=h),
-        Gemm(name="out_proj", m=tokens, n=h, k=spec.q_dim / tp),
-    ]
+    if spec.mla is None:
+        gemms = [
+            Gemm(name="qkv_proj", m=tokens, n=(spec.q_dim + 2 * spec.kv_dim) / tp, k=h),
+            Gemm(name="out_proj", m=tokens, n=h, k=spec.q_dim / tp),
+        ]
+    else:  # MLA: each projection its own GEMM (the down projections not split by tp)
+        gemms = [
+            Gemm(
+                name=p.name + "_proj",
+                m=tokens,
+                n=p.n_out / (tp if p.split == "column" else 1),
+                k=p.n_in / (tp if p.split == "row" else 1),
+            )
+            for p in spec.attention_projections
+        ]
     up_count = 2.0 if spec.gated else 1.0
     moe = spec.moe
     if moe is not None and spec.is_moe_layer(layer_idx):
@@ -358,14 +384,21 @@ def layer_gemms(
 # LoRA adapters
 # --------------------------------------------------------------------------------------------
 def _lora_linear_dims(spec: ModelSpec, layer_idx: int, target: str) -> list[tuple[int, int, float, int]]:
-    """(n_in, n_out, uses per token, adapter copies) of the linears a LoRA target names in one layer."""
+    """(n_in, n_out, uses per token, adapter copies) of the linears a LoRA target names in one layer
+    (with MLA, the projections :func:`trainplan.models.params.lora_modules` maps it to)."""
     h = spec.hidden_size
+    if spec.mla is not None and target in ("q", "k", "v"):
+        return [
+            (p.n_in, p.n_out, 1.0, 1)
+            for p in spec.attention_projections
+            if p.name in lora_modules(spec, (target,))
+        ]
     if target == "q":
         return [(h, spec.q_dim, 1.0, 1)]
     if target in ("k", "v"):
         return [(h, spec.kv_dim, 1.0, 1)]
     if target == "o":
-        return [(spec.q_dim, h, 1.0, 1)]
+        return [(spec.attn_out_dim, h, 1.0, 1)]
     if target == "gate" and not spec.gated:
         return []
     moe = spec.moe
@@ -389,17 +422,26 @@ def lora_adapter_flops_per_token(spec: ModelSpec, layer_idx: int, lora: LoRASpec
     shared), as PEFT does when the target names match the expert projections.
     """
     total = 0.0
-    for target in lora.targets:
+    for target in lora_targets_once(spec, lora):
         for n_in, n_out, uses, _ in _lora_linear_dims(spec, layer_idx, target):
             total += 2.0 * lora.rank * (n_in + n_out) * uses
     return total
+
+
+def lora_targets_once(spec: ModelSpec, lora: LoRASpec) -> tuple[str, ...]:
+    """The LoRA targets with each adapted matrix named once: with MLA ``k`` and ``v`` adapt the
+    same two projections (:func:`trainplan.models.params.lora_modules`), so ``v`` is dropped
+    when ``k`` is there."""
+    if spec.mla is not None and "k" in lora.targets:
+        return tuple(t for t in lora.targets if t != "v")
+    return lora.targets
 
 
 def lora_adapter_params(spec: ModelSpec, lora: LoRASpec) -> int:
     """Trainable adapter weights: Σ r·(n_in + n_out) over adapted linears (every expert on MoE layers)."""
     total = 0
     for i in range(spec.num_layers):
-        for target in lora.targets:
+        for target in lora_targets_once(spec, lora):
             for n_in, n_out, _, copies in _lora_linear_dims(spec, i, target):
                 total += copies * lora.rank * (n_in + n_out)
     return total
@@ -445,12 +487,14 @@ class LayerMemoryTraffic:
     ``e`` bytes per activation element, T = b·s tokens (forward / backward tensors touched):
 
     ``norms``       pre-attention + pre-MLP norm (+2 post-norms, + q/k norms):   x→y (2) / x,dy→dx (3)
-    ``rotary``      RoPE on q and k, T·(a+k)·d elements:                         2 / 2
+    ``rotary``      RoPE on q and k, T·(a+k)·d elements (MLA: T·(a+1)·d_r):       2 / 2
     ``activation``  GELU on T·f: 2 / 3;  SwiGLU/GeGLU (gate, up → y):            3 / 5
     ``softmax``     eager attention only, b·a·s² elements (full matrix; the mask is applied by
                     value, not skipped):                                        2 / 3
     ``attention_io`` flash attention kernel I/O: reads Q, K, V, writes O:         (2a+2k)·d·T
                     backward reads Q, K, V, O, dO and writes dQ, dK, dV:          (4a+4k)·d·T
+                    (MLA: Q, K a·(d_n+d_r) and V, O a·d_v wide)
+    ``norms`` with MLA also count the latent norms over r_q and r_kv: (r_q+r_kv)·T, 2 / 3
     ``residual``    two residual adds, T·h each:                                 3 / 3
                     (+ a 1-byte dropout mask per add when dropout > 0: 1 / 1)
     ``softmax`` with dropout > 0 also moves the attention-dropout output and mask: (2e+1) both ways
@@ -521,7 +565,14 @@ def layer_memory_traffic(
     norms = norm_count * t * h * e * (3 if bwd else 2)
     if spec.qk_norm:
         norms += t * (spec.num_heads + spec.num_kv_heads) * spec.head_dim * e * (3 if bwd else 2)
-    qk_elems = t * (spec.num_heads + spec.num_kv_heads) * spec.head_dim
+    mla = spec.mla
+    if mla is not None:
+        # the latent norms over r_q and r_kv; RoPE on the a query heads' d_r part and the one
+        # shared rotary key (DeepSeek-V2 Eq. 14-15)
+        norms += t * (mla.q_lora_rank + mla.kv_lora_rank) * e * (3 if bwd else 2)
+        qk_elems = t * (spec.num_heads + 1) * mla.qk_rope_head_dim
+    else:
+        qk_elems = t * (spec.num_heads + spec.num_kv_heads) * spec.head_dim
     rotary = 2.0 * qk_elems * e if spec.position == "rope" else 0.0
     moe = spec.moe
     is_moe = moe is not None and spec.is_moe_layer(layer_idx)
@@ -542,8 +593,9 @@ def layer_memory_traffic(
         attention_io = 0.0
     else:
         softmax = 0.0
-        io_heads = (4 if bwd else 2) * (spec.num_heads + spec.num_kv_heads)
-        attention_io = t * io_heads * spec.head_dim * e
+        # Q, K, V in and O out (a·d + k·d + k·d + a·d; MLA a·(d_n+d_r) twice and a·d_v twice)
+        qkvo = spec.q_dim + spec.kv_dim + spec.v_dim + spec.attn_out_dim
+        attention_io = t * (2 if bwd else 1) * qkvo * e
     if eager:
         if spec.norm == "rmsnorm":
             norms *= EAGER_RMSNORM_TRAFFIC
@@ -605,7 +657,7 @@ def _quantised_layer_params(spec: ModelSpec, layer_idx: int) -> float:
     """Linear weights of one block that QLoRA stores in NF4 (all experts; router and LM head stay BF16)."""
     h = spec.hidden_size
     m = _mlp_matrices(spec)
-    attn = h * (spec.q_dim + 2 * spec.kv_dim) + spec.q_dim * h
+    attn = spec.attention_weights()
     moe = spec.moe
     if moe is not None and spec.is_moe_layer(layer_idx):
         widths = moe.num_experts * moe.expert_ffn_hidden + moe.num_shared_experts * moe.shared_width
@@ -838,6 +890,10 @@ class _LayerPasses:
     dequant_bytes: float
 
 
+_READS_BLOCK_INPUT: Final = frozenset({"q", "k", "v", "q_a", "kv_a"})
+"""The attention projections that read the block's (normalised) input."""
+
+
 def _layer_passes(
     spec: ModelSpec, i: int, recipe: Recipe, b: float, causal: bool, split: _Split
 ) -> _LayerPasses:
@@ -873,7 +929,10 @@ def _layer_passes(
         replicated = m.norms + m.residual + m.moe_permute + m.router
         return sharded / tpcp + replicated / rep
 
-    weights_fwd = (fl.qkv_proj + fl.out_proj + fl.mlp + fl.moe_experts) / tpcp + fl.router / rep
+    # MLA's down projections are replicated over tp, and run on the local shard under SP
+    weights_fwd = (fl.qkv_proj + fl.out_proj + fl.mlp + fl.moe_experts) / tpcp + (
+        fl.router + fl.latent_proj
+    ) / rep
     attn_fwd = fl.attention / tpcp
     adapter_fwd = 0.0
     lora = recipe.lora if recipe.is_peft else None
@@ -898,10 +957,13 @@ def _layer_passes(
     # gradients of the linears that read it (q, k, v and their adapters' A matrices), as traced.
     skipped_dx = 0.0
     if lora is not None and i == 0:
-        skipped_dx = fl.qkv_proj / tpcp
-        h_in = spec.hidden_size
-        n_qkv = sum(1 for t in ("q", "k", "v") if t in lora.targets)
-        skipped_dx += n_qkv * 2.0 * b * s * lora.rank * h_in / tpcp
+        adapted = lora_modules(spec, lora.targets)
+        for p in spec.attention_projections:
+            if p.name in _READS_BLOCK_INPUT:
+                div = rep if p.split == "replicated" else tpcp
+                skipped_dx += 2.0 * b * s * p.n_in * p.n_out / div
+                if p.name in adapted:
+                    skipped_dx += 2.0 * b * s * lora.rank * p.n_in / div
     flash_recompute = fl.attn_scores / tpcp if recipe.attention == "flash" else 0.0
     backward = PassCost(
         gemm_flops=base_bwd_factor * (weights_fwd + padding_fwd)

@@ -651,6 +651,8 @@ def layer_activations(
     a_local = model.num_heads / t
     q_local = model.q_dim / t
     g_local = model.kv_dim / t if model.num_kv_heads % t == 0 else float(model.head_dim)
+    v_local = g_local * model.v_head_dim / model.head_dim  # value width per rank (d_v per head with MLA)
+    o_local = model.attn_out_dim / t  # attention output: the output projection's input
 
     if recipe.recompute == "full":
         return LayerActivations(terms={"layer_input": er * tokens * h / sp_div})
@@ -670,7 +672,18 @@ def layer_activations(
     # (er: the residual stream and the norm outputs, FP32 under kbit_fp32_upcast)
     terms["attn_norm_input"] = er * tokens * h / sp_div
     if trained & {"q", "k", "v"}:
-        terms["qkv_input"] = (lin if te else er) * tokens * h / sp_div
+        # MLA under TE FP8: q_a and kv_a are two TELinear modules, each saving its own quantized copy
+        copies = 2 if model.mla is not None and te and lin < e else 1
+        terms["qkv_input"] = copies * (lin if te else er) * tokens * h / sp_div
+    mla = model.mla
+    if mla is not None:
+        # The latents: each latent norm saves its input (the down projection's output, e) and
+        # its FP32 rstd, and the up projection its input (the norm output; TE's
+        # LayerNormColumnParallelLinear: the quantized copy), local shards under SP.
+        latents = mla.q_lora_rank + mla.kv_lora_rank
+        n_norms = 2 if mla.q_lora_rank else 1
+        terms["mla_latents"] = (e + (lin if te else e)) * tokens * latents / sp_div
+        terms["norm_stats_latent"] = n_norms * 4.0 * tokens / sp_div
     if not model.parallel_attn_mlp:
         # With parallel attention and MLP (GPT-J, GPT-NeoX) both norms read the block input,
         # which is stored once (attn_norm_input).
@@ -694,7 +707,7 @@ def layer_activations(
     stat_bytes = 4.0 if model.norm == "rmsnorm" else 8.0  # FP32 rstd (+ mean for LayerNorm) per token
     terms["norm_stats"] = norms * stat_bytes * tokens / sp_div
     # Inside the tp region.
-    terms["q_k_v"] = e * tokens * (q_local + 2 * g_local)
+    terms["q_k_v"] = e * tokens * (q_local + g_local + v_local)
     if model.qk_norm:
         # Qwen3/OLMo 2: q and k norms save their inputs and an FP32 rstd per head (or per token).
         per_token_stats = 2 if model.qk_norm_full_width else (a_local + g_local / model.head_dim)
@@ -706,9 +719,9 @@ def layer_activations(
         if dropout:
             core_s2 += 1.0 * b * a_local * s * s_kv + e * b * a_local * s * s_kv  # mask + dropout output
         if "o" in trained:
-            terms["attn_out_proj_input"] = e * tokens * q_local
+            terms["attn_out_proj_input"] = e * tokens * o_local
     else:
-        terms["attn_output_and_lse"] = e * tokens * q_local + 4.0 * b * a_local * s
+        terms["attn_output_and_lse"] = e * tokens * o_local + 4.0 * b * a_local * s
     down = "down" in trained
     if recipe.recompute != "selective" and core_s2:
         terms["attn_scores"] = core_s2
@@ -804,7 +817,7 @@ def sac_layer_terms(
     the same policy (``trace/step.py`` ``apply_sac``), to the byte. Combinations the policy is
     not modelled for (MoE layers, tensor or context parallelism) raise (:func:`trainplan.sac.check_sac`).
     """
-    if model.is_moe_layer(layer) or layout.tp > 1 or layout.cp > 1:
+    if model.is_moe_layer(layer) or model.mla is not None or layout.tp > 1 or layout.cp > 1:
         check_sac(model, layout)
     b = recipe.micro_batch if micro_batch is None else micro_batch
     tokens = b * recipe.seq_len
@@ -1590,7 +1603,8 @@ def stage_activations(
         s_local = recipe.seq_len // layout.cp
         inputs = 0.0 if recipe.is_peft else inflight * 8.0 * recipe.micro_batch * s_local
         if model.position == "rope":
-            fixed = 2 * activation_bytes_per_element(recipe) * s_local * model.head_dim
+            rope_dim = model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
+            fixed = 2 * activation_bytes_per_element(recipe) * s_local * rope_dim
             inputs += fixed
         elif model.position == "learned" and not recipe.is_peft:
             inputs += inflight * 8.0 * s_local

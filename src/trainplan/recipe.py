@@ -551,6 +551,8 @@ def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
       model has no position embedding for the later tokens. Rotary, ALiBi and position-free models
       take any length.
     * MoE routing settings (``moe_capacity_factor``, ``moe_dispatch``) on a dense model.
+    * Rollout methods (PPO, GRPO) on a model with multi-head latent attention: the KV cache of
+      generation is not modelled for it.
     * A LoRA rank above the smaller side of an adapted matrix: ``ΔW = B·A`` (``B``: out×r, ``A``:
       r×in) has rank at most ``min(in, out)`` (Hu et al. 2021, Sec. 4.1), so a larger ``r`` adds
       parameters and FLOPs, not capacity; at ranks near the hidden size the adapters outgrow the
@@ -565,6 +567,13 @@ def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
         )
     if recipe.lora is not None:
         _check_lora_rank(model, recipe.lora)
+    if model.mla is not None and recipe.method in ("ppo", "grpo"):
+        raise RecipeError(
+            "method",
+            f"{recipe.method} generates rollouts, and the KV cache of multi-head latent attention ({model.name}) "
+            "depends on the engine (vLLM keeps the compressed latent, Hugging Face generate the expanded keys "
+            "and values), which is not modelled; estimate the policy update with --method full or dpo",
+        )
     if model.moe is None:
         for name, set_ in (
             ("moe_capacity_factor", recipe.moe_capacity_factor is not None),

@@ -89,6 +89,8 @@ def check_sac(model: ModelSpec, layout: Layout | None = None) -> None:
     (The recipe's own combinations — LoRA/QLoRA, FP8/FP4, eager attention, dropout — are refused
     by :class:`trainplan.recipe.Recipe`.)
 
+    * multi-head latent attention: its five projections and latent norms (the policy's
+      alternation over matmuls is counted for q, k, v, o);
     * MoE layers: the router's top-k and index ops, the per-expert matmuls (their count decides
       which ones are kept), torchtitan's forced recompute of the router's matmul
       (``per_op_sac_force_recompute_mm_shapes_by_fqns``) and the all-to-all dispatch;
@@ -98,6 +100,12 @@ def check_sac(model: ModelSpec, layout: Layout | None = None) -> None:
     * context parallelism: ring attention calls the SDPA kernel once per ring step, and each
       call's output would be kept.
     """
+    if model.mla is not None:
+        raise RecipeError(
+            "recompute",
+            f"{model.name} uses multi-head latent attention; per-op selective checkpointing (sac) is "
+            "modelled for multi/grouped-query blocks only: use --recompute full or selective",
+        )
     if model.num_moe_layers:
         raise RecipeError(
             "recompute",

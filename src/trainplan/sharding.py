@@ -5,6 +5,10 @@ Megatron-LM's split (Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 2.
 * column-parallel linears (q, k, v, MLP gate/up) shard their output features over ``tp``;
   row-parallel linears (attention out, MLP down) shard their input features; the row-parallel
   bias is added after the all-reduce and so is replicated;
+* multi-head latent attention: the down projections (q_a, kv_a) and the latent norms are
+  replicated, the up projections column-parallel and o row-parallel (Megatron-Core
+  ``MLASelfAttention``: ``linear_q_down_proj`` / ``linear_kv_down_proj`` are ``TELinear`` with
+  ``parallel_mode="duplicated"``);
 * key/value heads: with ``tp <= k`` each rank holds ``k/tp`` heads; with ``tp > k`` each rank
   holds one replicated kv head (Megatron-LM ``num_query_groups < tp`` case);
 * norms, the router and learned position embeddings are replicated on every tp rank;
@@ -25,6 +29,7 @@ import functools
 from dataclasses import dataclass
 
 from trainplan.layout import Layout
+from trainplan.models.params import lora_modules
 from trainplan.models.spec import ModelSpec
 from trainplan.recipe import LoRASpec
 
@@ -128,12 +133,19 @@ def layer_linears(model: ModelSpec, layer: int, tp: int, ep: int) -> list[Linear
     """The linears of transformer layer ``layer`` on one tp rank of one ep rank."""
     h, qd = model.hidden_size, model.q_dim
     _, kv_cols = _kv_out(model, tp)
-    out: list[Linear] = [
-        Linear(name="q", in_features=h, out_features=qd, split="column", tp=tp),
-        Linear(name="k", in_features=h, out_features=kv_cols, split="column", tp=tp),
-        Linear(name="v", in_features=h, out_features=kv_cols, split="column", tp=tp),
-        Linear(name="o", in_features=qd, out_features=h, split="row", tp=tp),
-    ]
+    out: list[Linear]
+    if model.mla is None:
+        out = [
+            Linear(name="q", in_features=h, out_features=qd, split="column", tp=tp),
+            Linear(name="k", in_features=h, out_features=kv_cols, split="column", tp=tp),
+            Linear(name="v", in_features=h, out_features=kv_cols, split="column", tp=tp),
+            Linear(name="o", in_features=qd, out_features=h, split="row", tp=tp),
+        ]
+    else:  # MLA: the down projections replicated, the up projections and o split
+        out = [
+            Linear(name=p.name, in_features=p.n_in, out_features=p.n_out, split=p.split, tp=tp)
+            for p in model.attention_projections
+        ]
 
     def mlp(prefix: str, width: int, count: int) -> list[Linear]:
         names = ("gate", "up", "down") if model.gated else ("up", "down")
@@ -177,6 +189,8 @@ def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
         n += model.q_dim // tp + kv_cols // tp  # OLMo 2: norm over the whole (sharded) projection
     elif model.qk_norm:
         n += 2 * model.head_dim
+    if model.mla is not None:  # the latent RMSNorms, replicated
+        n += (2 if model.norm == "layernorm" else 1) * (model.mla.kv_lora_rank + model.mla.q_lora_rank)
     moe_layer = model.is_moe_layer(layer)
     if model.mlp_bias and not moe_layer:
         width = model.ffn_hidden
@@ -209,6 +223,7 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
         lay_other = layer_other_params(model, i, tp)
         lay_total = lay_other
         lay_adapters = 0
+        adapted = lora_modules(model, lora.targets) if lora is not None else ()
         for lin in lins:
             n = lin.local_weight_params
             if lin.name.startswith("expert."):
@@ -216,7 +231,7 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
             else:
                 dense_linear += n * n_layers
             lay_total += n
-            if lora is not None and lin.name.split(".")[-1] in lora.targets:
+            if lora is not None and lin.name.split(".")[-1] in adapted:
                 lay_adapters += lin.lora_params(lora.rank)
         adapters += lay_adapters * n_layers
         other += lay_other * n_layers

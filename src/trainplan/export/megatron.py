@@ -6,9 +6,12 @@ tests/test_export_megatron.py pins the set and parses the list back):
 * model: ``--num-layers``, ``--hidden-size``, ``--ffn-hidden-size``, ``--num-attention-heads``,
   ``--group-query-attention --num-query-groups``, ``--kv-channels``, ``--normalization``,
   ``--swiglu``, ``--position-embedding-type``, ``--untie-embeddings-and-output-weights``,
-  ``--disable-bias-linear`` / ``--add-qkv-bias``, ``--qk-layernorm``; mixture of experts:
+  ``--disable-bias-linear`` / ``--add-qkv-bias``, ``--qk-layernorm``; multi-head latent attention:
+  ``--multi-latent-attention``, ``--q-lora-rank``, ``--kv-lora-rank``, ``--qk-head-dim``,
+  ``--qk-pos-emb-head-dim``, ``--v-head-dim``; mixture of experts:
   ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--moe-grouped-gemm``,
-  ``--moe-token-dispatcher-type alltoall``, ``--moe-shared-expert-intermediate-size``;
+  ``--moe-token-dispatcher-type alltoall``, ``--moe-shared-expert-intermediate-size``,
+  ``--moe-layer-freq`` (a leading run of dense layers);
 * parallelism: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
   ``--num-virtual-stages-per-pipeline-rank``, ``--context-parallel-size``,
   ``--expert-model-parallel-size``, ``--sequence-parallel``, ``--use-distributed-optimizer``
@@ -116,17 +119,33 @@ def _model_args(model: ModelSpec, recipe: Recipe, target: str = TARGET) -> list[
         "--num-layers", str(model.num_layers),
         "--hidden-size", str(model.hidden_size),
         "--num-attention-heads", str(model.num_heads),
-        "--kv-channels", str(model.head_dim),
         "--seq-length", str(recipe.seq_len),
         "--max-position-embeddings", str(max(recipe.seq_len, model.max_seq_len)),
         "--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm",
         "--position-embedding-type",
         {"rope": "rope", "learned": "learned_absolute", "none": "none"}[model.position],
     ]  # fmt: skip
+    if model.mla is None:  # MLA sizes its heads with --qk-head-dim and --v-head-dim
+        args += ["--kv-channels", str(model.head_dim)]
     if model.ffn_hidden:
         args += ["--ffn-hidden-size", str(model.ffn_hidden)]
     if model.num_kv_heads != model.num_heads:
         args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
+    mla = model.mla
+    if mla is not None:
+        # Megatron-LM megatron/training/arguments.py _add_mla_args: --qk-head-dim is d_n (the
+        # query/key head is qk_head_dim + qk_pos_emb_head_dim); no --q-lora-rank: no compression
+        # --qk-layernorm builds MLA's latent RMSNorms (q_layernorm, kv_layernorm: gpt_layer_specs.py
+        # uses TELayerNormColumnParallelLinear for the up projections only with qk_layernorm)
+        args += ["--multi-latent-attention", "--qk-layernorm"]
+        if mla.q_lora_rank:
+            args += ["--q-lora-rank", str(mla.q_lora_rank)]
+        args += [
+            "--kv-lora-rank", str(mla.kv_lora_rank),
+            "--qk-head-dim", str(mla.qk_nope_head_dim),
+            "--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim),
+            "--v-head-dim", str(mla.v_head_dim),
+        ]  # fmt: skip
     if model.activation == "swiglu":
         args.append("--swiglu")
     if not model.tied_embeddings:
@@ -143,10 +162,15 @@ def _model_args(model: ModelSpec, recipe: Recipe, target: str = TARGET) -> list[
         args.append("--qk-layernorm")
     moe = model.moe
     if moe is not None:
-        if moe.first_dense_layers or moe.layer_freq != 1:
+        if moe.layer_freq != 1:
             raise unsupported(
                 target, "model", "dense layers between the expert layers", "export to torchtitan or deepspeed"
             )
+        if moe.first_dense_layers:
+            # a leading run of dense layers as Megatron's pattern string (--moe-layer-freq help:
+            # "([0]+[1]*23)": 1 dense layer followed by 23 expert layers)
+            dense, sparse = moe.first_dense_layers, model.num_layers - moe.first_dense_layers
+            args += ["--moe-layer-freq", f"([0]*{dense}+[1]*{sparse})"]
         args += [
             "--num-experts", str(moe.num_experts),
             "--moe-router-topk", str(moe.top_k),

@@ -188,6 +188,21 @@ def build_recipe(
     # The rules Megatron-Core imposes, shared with the Megatron-LM target.
     megatron._check_recipe(recipe, TARGET)
     megatron._model_args(model, recipe, TARGET)
+    if model.mla is not None:
+        raise unsupported(
+            TARGET,
+            "model",
+            f"{model.name}'s multi-head latent attention (this target writes a GPTModelProvider; MLA needs "
+            "Megatron Bridge's MLA model providers)",
+            "export to megatron (--multi-latent-attention)",
+        )
+    if model.moe is not None and model.moe.first_dense_layers:
+        raise unsupported(
+            TARGET,
+            "model",
+            f"{model.name}'s leading dense layers (the written provider has no moe_layer_freq pattern)",
+            "export to megatron (--moe-layer-freq)",
+        )
     megatron._parallel_args(model, layout, TARGET)
     megatron._recipe_args(recipe, TARGET)
     if recipe.precision not in _MIXED_PRECISION:

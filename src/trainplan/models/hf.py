@@ -22,7 +22,12 @@ Policy (documented in docs/models.md, "Hugging Face import"):
   that into a note on the spec.
 * **Keys that change the architecture in ways not modelled are always errors** (even with
   ``strict=False``) unless their value is neutral: MoE keys on a dense model type, multi-head
-  latent attention (``kv_lora_rank``...), multi-token prediction layers, multimodal sub-configs.
+  latent attention (``kv_lora_rank``...) outside the DeepSeek model types, multimodal sub-configs.
+* **DeepSeek-V2/V3 and Kimi K2** (``deepseek_v2``, ``deepseek_v3``, ``kimi_k2``): multi-head latent
+  attention and DeepSeekMoE as transformers builds them (``models/deepseek_v3/modeling_deepseek_v3.py``:
+  layer i is MoE iff i >= ``first_k_dense_replace``; ``moe_layer_freq`` other than 1 is refused).
+  ``num_nextn_predict_layers`` (multi-token prediction) is accepted and noted: transformers does
+  not build those layers, so they are not part of the trained model.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from trainplan.errors import ModelError
-from trainplan.models.spec import Activation, ModelSpec, MoESpec
+from trainplan.models.spec import Activation, MLASpec, ModelSpec, MoESpec
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -299,7 +304,19 @@ _OPT_IGNORED: Final = frozenset(
 """OPT keys that do not change the parameters read here (``do_layer_norm_before`` is read by
 :func:`_read_opt`: the final norm's presence)."""
 
-SUPPORTED_MODEL_TYPES: Final = (*_LLAMA_LIKE, "gpt2", "gpt_neox", "opt")
+_DEEPSEEK_TYPES: Final = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+_DEEPSEEK_IGNORED: Final = frozenset(
+    {
+        "routed_scaling_factor", "n_group", "topk_group", "topk_method", "scoring_func", "aux_loss_alpha",
+        "seq_aux", "ep_size", "rope_interleave", "num_nextn_predict_layers", "head_dim",
+    }
+)  # fmt: skip
+"""DeepSeek keys that do not change the parameters: the router's scoring and grouping (its score
+correction bias is a buffer, not a parameter), expert scaling, the load-balancing loss, the rope
+layout; ``head_dim`` (transformers sets it to ``qk_rope_head_dim``, the rotary width; the head's
+query/key width is d_n + d_r); ``num_nextn_predict_layers`` (noted, :func:`_notes`)."""
+
+SUPPORTED_MODEL_TYPES: Final = (*_LLAMA_LIKE, *_DEEPSEEK_TYPES, "gpt2", "gpt_neox", "opt")
 
 
 def _read_llama_like(r: _Reader, fam: _Family) -> dict[str, Any]:
@@ -381,6 +398,79 @@ def _read_qwen_moe(r: _Reader, fam: _Family, num_layers: int) -> MoESpec | None:
         first_dense_layers=min(first_dense, num_layers),
         layer_freq=step,
     )
+
+
+def _read_deepseek(r: _Reader) -> dict[str, Any]:
+    """transformers models/deepseek_v2, deepseek_v3 (and Kimi K2, a DeepSeek-V3 model):
+    ``DeepseekV3Attention`` (q_a_proj, q_a_layernorm, q_b_proj or q_proj; kv_a_proj_with_mqa,
+    kv_a_layernorm, kv_b_proj; o_proj; no bias unless ``attention_bias``), ``DeepseekV3MoE``
+    (``n_routed_experts`` experts of ``moe_intermediate_size``, ``n_shared_experts`` shared experts
+    run as one MLP of ``n_shared_experts·moe_intermediate_size``, router h→E without bias), a dense
+    ``DeepseekV3MLP`` of ``intermediate_size`` on the first ``first_k_dense_replace`` layers."""
+    hidden = r.req_int("hidden_size")
+    heads = r.req_positive("num_attention_heads")
+    kv_heads = r.opt_int("num_key_value_heads", heads)
+    if kv_heads != heads:
+        raise r._fail(
+            "num_key_value_heads",
+            f"multi-head latent attention expands keys to every head: {kv_heads} != {heads}",
+        )
+    if r.opt_bool("attention_bias", False):
+        raise r._fail(
+            "attention_bias",
+            "biases on the latent projections are not modelled; no DeepSeek checkpoint has them",
+        )
+    mla = MLASpec(
+        q_lora_rank=r.opt_int("q_lora_rank", 0),
+        kv_lora_rank=r.req_int("kv_lora_rank"),
+        qk_nope_head_dim=r.req_int("qk_nope_head_dim"),
+        qk_rope_head_dim=r.req_int("qk_rope_head_dim"),
+        v_head_dim=r.req_int("v_head_dim"),
+    )
+    layers = r.req_int("num_hidden_layers")
+    kw: dict[str, Any] = {
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": mla.qk_head_dim,
+        "ffn_hidden": r.req_int("intermediate_size"),
+        "vocab_size": r.req_int("vocab_size"),
+        "activation": _activation(r, "hidden_act", r.opt_str("hidden_act", "silu"), gated=True),
+        "norm": "rmsnorm",
+        "position": "rope",
+        "tied_embeddings": r.opt_bool("tie_word_embeddings", False),
+        "max_seq_len": r.opt_int("max_position_embeddings", 4096),
+        "mla": mla,
+    }
+    experts = r.maybe_int("n_routed_experts")
+    if experts:
+        freq = r.opt_int("moe_layer_freq", 1)
+        if freq != 1:
+            raise r._fail(
+                "moe_layer_freq",
+                f"{freq} is not modelled (transformers makes every layer from first_k_dense_replace on MoE)",
+            )
+        shared = r.opt_int("n_shared_experts", 0)
+        width = r.req_int("moe_intermediate_size")
+        kw["moe"] = MoESpec(
+            num_experts=experts,
+            top_k=r.req_int("num_experts_per_tok"),
+            expert_ffn_hidden=width,
+            num_shared_experts=1 if shared else 0,
+            shared_expert_ffn_hidden=shared * width,
+            first_dense_layers=min(r.opt_int("first_k_dense_replace", 0), layers),
+        )
+    else:
+        for key in (
+            "moe_layer_freq",
+            "n_shared_experts",
+            "moe_intermediate_size",
+            "num_experts_per_tok",
+            "first_k_dense_replace",
+        ):
+            r.used.add(key)
+    return kw
 
 
 def _read_gpt2(r: _Reader) -> dict[str, Any]:
@@ -491,6 +581,12 @@ def _notes(cfg: Mapping[str, Any]) -> list[str]:
     notes = []
     if cfg.get("quantization_config") is not None:
         notes.append("quantization_config present: counts are of the unquantized architecture.")
+    mtp = cfg.get("num_nextn_predict_layers")
+    if cfg.get("model_type") in _DEEPSEEK_TYPES and mtp:
+        notes.append(
+            f"num_nextn_predict_layers = {mtp}: the multi-token-prediction layers are not part of the model "
+            "(transformers does not build them), so they are not costed."
+        )
     return notes
 
 
@@ -543,6 +639,9 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, *, strict: bool = True, so
     elif model_type == "opt":
         ignored |= _OPT_IGNORED
         kw = _read_opt(r)
+    elif model_type in _DEEPSEEK_TYPES:
+        ignored |= _DEEPSEEK_IGNORED
+        kw = _read_deepseek(r)
     else:
         fam = _LLAMA_LIKE[model_type]
         ignored |= fam.extra_ignored

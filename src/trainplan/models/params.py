@@ -14,6 +14,9 @@ Per layer (pre-norm decoder, the module layout of Hugging Face ``modeling_llama.
     attention        = h·(a·d) + 2·h·(k·d) + (a·d)·h               q, k, v, o weights
                      + [qkv_bias]·(a·d + 2·k·d) + [attn_out_bias]·h
                      + [qk_norm]·(n(d) + n(d))      per head (Qwen3), or n(a·d) + n(k·d) (OLMo 2)
+    attention (MLA)  = h·r_q + r_q·a·(d_n+d_r) + h·(r_kv+d_r) + r_kv·a·(d_n+d_v) + a·d_v·h
+                     + n(r_q) + n(r_kv)             q_a, q_b, kv_a, kv_b, o; q_a_layernorm, kv_a_layernorm
+                                                    (r_q = 0: h·a·(d_n+d_r) and no n(r_q))
     attention_norms  = n(h) · (2 if post_norms else 1)
     mlp (width w)    = m·h·w + [mlp_bias]·(g·w + h)    m = 3, g = 2 gated (SwiGLU/GeGLU); m = 2, g = 1 else
     mlp_norms        = n(h) · (2 if post_norms else 1)
@@ -86,8 +89,13 @@ def _attention(spec: ModelSpec) -> int:
     ``LlamaAttention``: q h→a·d, k and v h→k·d, o a·d→h. Qwen2 sets bias on q, k, v only
     (``qkv_bias``); GPT-2 and GPT-NeoX also on the output projection (``attn_out_bias``).
     Qwen3 normalises each head of q and k (``q_norm``/``k_norm`` over d); OLMo 2 normalises
-    the whole projection (over a·d and k·d) — ``modeling_olmo2.py``.
+    the whole projection (over a·d and k·d) — ``modeling_olmo2.py``. Multi-head latent attention
+    (``DeepseekV3Attention``): the matrices of ``spec.attention_projections`` and the two latent
+    RMSNorms (``q_a_layernorm`` over r_q, ``kv_a_layernorm`` over r_kv), no bias
+    (``attention_bias`` false in every DeepSeek-V2/V3 and Kimi K2 config).
     """
+    if spec.mla is not None:
+        return spec.attention_weights() + _mla_norm_params(spec)
     h, q, kv = spec.hidden_size, spec.q_dim, spec.kv_dim
     weights = h * q + 2 * h * kv + q * h
     bias = (q + 2 * kv if spec.qkv_bias else 0) + (h if spec.attn_out_bias else 0)
@@ -98,6 +106,15 @@ def _attention(spec: ModelSpec) -> int:
     else:
         qk = 2 * norm_params(spec.norm, spec.head_dim)
     return weights + bias + qk
+
+
+def _mla_norm_params(spec: ModelSpec) -> int:
+    """The latent norms of one MLA block: n(r_q) (with query compression) + n(r_kv)."""
+    mla = spec.mla
+    if mla is None:
+        return 0
+    q = norm_params(spec.norm, mla.q_lora_rank) if mla.q_lora_rank else 0
+    return q + norm_params(spec.norm, mla.kv_lora_rank)
 
 
 def _sublayer_norms(spec: ModelSpec) -> int:
@@ -262,7 +279,8 @@ class LinearShape(NamedTuple):
 def linear_shapes(spec: ModelSpec, layer: int) -> list[LinearShape]:
     """Every linear weight of decoder layer ``layer``, one entry per matrix (biases excluded).
 
-    Module names: attention ``q k v o``; dense MLP ``gate up down`` (``up down`` when not gated);
+    Module names: attention ``q k v o`` (MLA: ``q_a q_b kv_a kv_b o``, or ``q kv_a kv_b o`` without
+    query compression; :attr:`ModelSpec.attention_projections`); dense MLP ``gate up down`` (``up down`` when not gated);
     MoE layer ``router``, then ``expert.gate expert.up expert.down`` once per routed expert,
     ``shared.gate shared.up shared.down`` once per shared expert, ``shared_gate`` (Qwen2-MoE's
     h→1 gate). Fused checkpoints (GPT-2 ``c_attn``, NeoX ``query_key_value``, Phi-3 ``qkv_proj``)
@@ -270,13 +288,8 @@ def linear_shapes(spec: ModelSpec, layer: int) -> list[LinearShape]:
     matrix differs (r·(h + q + 2kv) instead of Σ r·(h + out)); see :func:`lora_params`.
     """
     _check_layer(spec, layer)
-    h, q, kv = spec.hidden_size, spec.q_dim, spec.kv_dim
-    out = [
-        LinearShape("q", h, q),
-        LinearShape("k", h, kv),
-        LinearShape("v", h, kv),
-        LinearShape("o", q, h),
-    ]
+    h = spec.hidden_size
+    out = [LinearShape(p.name, p.n_in, p.n_out) for p in spec.attention_projections]
 
     def mlp(prefix: str, width: int) -> list[LinearShape]:
         up = [LinearShape(prefix + "gate", h, width)] if spec.gated else []
@@ -297,8 +310,12 @@ def linear_shapes(spec: ModelSpec, layer: int) -> list[LinearShape]:
 
 
 DEFAULT_LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+MLA_MODULES: Final = ("q_a", "q_b", "kv_a", "kv_b")
+"""The MLA projections (:class:`~trainplan.models.spec.MLASpec`), PEFT's ``q_a_proj``,
+``q_b_proj``, ``kv_a_proj_with_mqa`` and ``kv_b_proj``."""
 LINEAR_MODULES = (
     *DEFAULT_LORA_TARGETS,
+    *MLA_MODULES,
     "router",
     "expert.gate",
     "expert.up",
@@ -308,6 +325,26 @@ LINEAR_MODULES = (
     "shared.down",
     "shared_gate",
 )
+
+
+def lora_modules(spec: ModelSpec, targets: Iterable[str]) -> tuple[str, ...]:
+    """The module names LoRA ``targets`` adapt in ``spec``. Without MLA, the targets themselves.
+    With MLA, ``q`` names the projections that make the query (``q_a`` and ``q_b``, or ``q``), and
+    ``k`` or ``v`` the two that make keys and values together (``kv_a``: the latent and the rotary
+    key; ``kv_b``: k_n and v): PEFT's ``q_a_proj``, ``q_b_proj``, ``kv_a_proj_with_mqa``,
+    ``kv_b_proj`` on transformers ``DeepseekV3Attention``."""
+    names = list(targets)
+    if spec.mla is None:
+        return tuple(names)
+    out: list[str] = []
+    for t in names:
+        if t == "q":
+            out += ["q_a", "q_b"] if spec.mla.q_lora_rank else ["q"]
+        elif t in ("k", "v"):
+            out += ["kv_a", "kv_b"]
+        else:
+            out.append(t)
+    return tuple(dict.fromkeys(out))
 
 
 def lora_params(spec: ModelSpec, *, rank: int, targets: Iterable[str] = DEFAULT_LORA_TARGETS) -> int:
@@ -326,6 +363,7 @@ def lora_params(spec: ModelSpec, *, rank: int, targets: Iterable[str] = DEFAULT_
         raise ModelError(
             "lora_targets", f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(LINEAR_MODULES)}"
         )
+    wanted = set(lora_modules(spec, wanted))
     total = sum(
         rank * (s.in_features + s.out_features)
         for i in range(spec.num_layers)
@@ -370,6 +408,10 @@ def layer_parameter_tensors(spec: ModelSpec, layer: int) -> int:
     qkv = 1 if fused else 3
     attn = qkv + 1 + (qkv if spec.qkv_bias else 0) + (1 if spec.attn_out_bias else 0)
     attn += 2 * _norm_tensors(spec) if spec.qk_norm else 0
+    if spec.mla is not None:  # the projection weights and the latent norms (no qkv bias, no q/k norm)
+        latent_norms = 1 + (1 if spec.mla.q_lora_rank else 0)
+        attn = len(spec.attention_projections) + latent_norms * _norm_tensors(spec)
+        attn += 1 if spec.attn_out_bias else 0
     norms = 2 * (2 if spec.post_norms else 1) * _norm_tensors(spec)
     moe = spec.moe
     if moe is not None and spec.is_moe_layer(layer):
@@ -403,6 +445,9 @@ def layer_vector_tensors(spec: ModelSpec, layer: int) -> tuple[int, int]:
             elements += norm_params(spec.norm, spec.q_dim) + norm_params(spec.norm, spec.kv_dim)
         else:
             elements += 2 * norm_params(spec.norm, spec.head_dim)
+    if spec.mla is not None:
+        count += (1 + (1 if spec.mla.q_lora_rank else 0)) * _norm_tensors(spec)
+        elements += _mla_norm_params(spec)
     count += 2 * (2 if spec.post_norms else 1) * _norm_tensors(spec)
     elements += 2 * _sublayer_norms(spec)
     n_mlp = 3 if spec.gated else 2

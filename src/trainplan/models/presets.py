@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainplan.errors import ModelError
-from trainplan.models.spec import ModelSpec, MoESpec
+from trainplan.models.spec import MLASpec, ModelSpec, MoESpec
 
 __all__ = ["get_preset", "list_presets", "load_model", "preset_names", "spec_from_mapping"]
 
@@ -26,6 +26,7 @@ _PRESET_FILE = "presets.toml"
 
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(ModelSpec)}
 _MOE_FIELDS = {f.name for f in dataclasses.fields(MoESpec)}
+_MLA_FIELDS = {f.name for f in dataclasses.fields(MLASpec)}
 
 
 def spec_from_mapping(name: str, entry: dict[str, Any], *, where: str) -> ModelSpec:
@@ -52,13 +53,28 @@ def spec_from_mapping(name: str, entry: dict[str, Any], *, where: str) -> ModelS
                 f"{where}: unknown key '{bad[0]}'; MoESpec fields are {', '.join(sorted(_MOE_FIELDS))}",
             )
         moe = MoESpec(**moe_entry)
+    mla_entry = entry.pop("mla", None)
+    mla: MLASpec | None = None
+    if mla_entry is not None:
+        if not isinstance(mla_entry, dict):
+            raise ModelError("mla", f"{where}: 'mla' must be a table of MLASpec fields")
+        bad = sorted(set(mla_entry) - _MLA_FIELDS)
+        missing = sorted(_MLA_FIELDS - set(mla_entry))
+        if bad or missing:
+            key = (bad or missing)[0]
+            raise ModelError(
+                f"mla.{key}",
+                f"{where}: {'unknown' if bad else 'missing'} key '{key}'; MLASpec fields are "
+                f"{', '.join(sorted(_MLA_FIELDS))}",
+            )
+        mla = MLASpec(**mla_entry)
     for key in ("notes", "approximations"):
         if key in entry:
             if not isinstance(entry[key], list):
                 raise ModelError(key, f"{where}: '{key}' must be a list of strings")
             entry[key] = tuple(entry[key])
     try:
-        return ModelSpec(name=name, moe=moe, **entry)
+        return ModelSpec(name=name, moe=moe, mla=mla, **entry)
     except TypeError as exc:  # a required field is missing
         raise ModelError("model", f"{where}: {exc}") from exc
 

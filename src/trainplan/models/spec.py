@@ -1,12 +1,13 @@
 """The transformer architecture type.
 
 One frozen, validated dataclass describes every decoder-only model trainplan knows: dense
-(GPT-2, Llama, Mistral, Qwen, Gemma) and MoE (Mixtral, Qwen-MoE, DeepSeek-style shared experts).
-Shapes use the notation of the docs:
+(GPT-2, Llama, Mistral, Qwen, Gemma), MoE (Mixtral, Qwen-MoE, DeepSeek-style shared experts) and
+multi-head latent attention (DeepSeek-V2/V3, Kimi K2). Shapes use the notation of the docs:
 
     L  num_layers          h  hidden_size        a  num_heads
     k  num_kv_heads        d  head_dim           f  ffn_hidden (dense MLP width)
     V  vocab_size          E  moe.num_experts    K  moe.top_k
+    r_q, r_kv  mla.q_lora_rank, mla.kv_lora_rank   d_n, d_r, d_v  mla.qk_nope/qk_rope/v_head_dim
 """
 
 from __future__ import annotations
@@ -70,6 +71,55 @@ class MoESpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MLASpec:
+    """Multi-head latent attention (MLA) in place of the q, k, v projections.
+
+    DeepSeek-V2 (DeepSeek-AI 2024, arXiv:2405.04434, Sec. 2.1.2-2.1.3, Eqs. 9-19); the shapes of
+    transformers ``models/deepseek_v3/modeling_deepseek_v3.py`` ``DeepseekV3Attention`` and
+    Megatron-LM ``megatron/core/transformer/multi_latent_attention.py`` ``MLASelfAttention``. Per
+    token x (width h):
+
+        c_q  = norm(W_qa · x)            r_q wide      (q_lora_rank 0: q = W_q · x directly)
+        q    = W_qb · c_q                a·(d_n + d_r)
+        [c_kv, k_r] = W_kva · x          r_kv + d_r    (k_r: one rotary key shared by all heads)
+        [k_n, v] = W_kvb · norm(c_kv)    a·(d_n + d_v)
+        o    = W_o · attention(q, [k_n, k_r], v)       a·d_v → h
+
+    Each head attends with queries and keys d_n + d_r wide (``ModelSpec.head_dim``) and values
+    d_v wide. The down projections W_qa and W_kva are not split by tensor parallelism
+    (Megatron-Core builds them ``parallel_mode="duplicated"``).
+    """
+
+    q_lora_rank: int  # r_q; 0: the query is projected from x without compression (DeepSeek-V2-Lite)
+    kv_lora_rank: int  # r_kv
+    qk_nope_head_dim: int  # d_n
+    qk_rope_head_dim: int  # d_r
+    v_head_dim: int  # d_v
+
+    def __post_init__(self) -> None:
+        check_int("mla.q_lora_rank", self.q_lora_rank, low=0, high=MAX_WIDTH, error=ModelError)
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            check_int(f"mla.{name}", getattr(self, name), high=MAX_WIDTH, error=ModelError)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """d_n + d_r: the width of each head's query and key."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One attention weight matrix ``n_in → n_out``. ``split``: how Megatron tensor parallelism
+    splits it: ``column`` (output dim), ``row`` (input dim) or ``replicated`` (every rank holds
+    and applies all of it: MLA's down projections)."""
+
+    name: str
+    n_in: int
+    n_out: int
+    split: Literal["column", "row", "replicated"]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer. Every field is explicit: nothing is guessed from ratios."""
 
@@ -107,6 +157,9 @@ class ModelSpec:
     """Rows of a learned position table beyond ``max_seq_len`` (OPT: 2,
     ``OPTLearnedPositionalEmbedding`` offsets positions by 2)."""
     moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    """Multi-head latent attention (:class:`MLASpec`); then ``num_kv_heads`` = ``num_heads`` and
+    ``head_dim`` = d_n + d_r, the query/key width of a head."""
     source: str = ""  # where the architecture came from (config URL, paper table)
     notes: tuple[str, ...] = field(default_factory=tuple)
     approximations: tuple[str, ...] = field(default_factory=tuple)
@@ -138,6 +191,8 @@ class ModelSpec:
             )
         if self.moe is not None and not isinstance(self.moe, MoESpec):
             raise ModelError("moe", f"must be a MoESpec or None, got {self.moe!r}")
+        if self.mla is not None:
+            self._check_mla(self.mla)
         for name in ("activation", "norm", "position"):
             choices = get_args({"activation": Activation, "norm": Norm, "position": Position}[name])
             if getattr(self, name) not in choices:
@@ -179,6 +234,29 @@ class ModelSpec:
                 f"{self.moe.first_dense_layers} exceeds num_layers={self.num_layers}",
             )
 
+    def _check_mla(self, mla: object) -> None:
+        if not isinstance(mla, MLASpec):
+            raise ModelError("mla", f"must be an MLASpec or None, got {mla!r}")
+        if self.head_dim != mla.qk_head_dim:
+            raise ModelError(
+                "head_dim",
+                f"with multi-head latent attention head_dim is the query/key width d_n + d_r = "
+                f"{mla.qk_nope_head_dim} + {mla.qk_rope_head_dim} = {mla.qk_head_dim}, got {self.head_dim}",
+            )
+        if self.num_kv_heads != self.num_heads:
+            raise ModelError(
+                "num_kv_heads",
+                f"multi-head latent attention expands keys and values to every head: num_kv_heads must "
+                f"equal num_heads ({self.num_heads}), got {self.num_kv_heads}",
+            )
+        for name in ("qkv_bias", "qk_norm", "parallel_attn_mlp"):
+            if getattr(self, name):
+                raise ModelError(name, f"{name} with multi-head latent attention is not modelled; drop it")
+        if self.position != "rope":
+            raise ModelError(
+                "position", "multi-head latent attention carries its position in a rotary key: use rope"
+            )
+
     def __hash__(self) -> int:
         """The dataclass field hash, computed once: every cached cost function keys on the spec."""
         h = self.__dict__.get("_hash")
@@ -208,8 +286,59 @@ class ModelSpec:
 
     @property
     def kv_dim(self) -> int:
-        """k·d: width of each of the key and value projection outputs."""
+        """k·d: width of the key projection output (and of the value's, without MLA: :attr:`v_dim`)."""
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        """Width of one head's value: d, or d_v with MLA."""
+        return self.mla.v_head_dim if self.mla is not None else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """k·d (a·d_v with MLA): width of the values attention reads."""
+        return self.num_kv_heads * self.v_head_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        """a·d (a·d_v with MLA): width of the attention output, the output projection's input."""
+        return self.num_heads * self.v_head_dim
+
+    @functools.cached_property
+    def attention_projections(self) -> tuple[Projection, ...]:
+        """The weight matrices of one attention block, in forward order (biases aside).
+
+        Multi/grouped-query: q h→a·d, k and v h→k·d (column-parallel), o a·d→h (row-parallel)
+        (transformers ``LlamaAttention``). MLA (:class:`MLASpec`): q_a h→r_q and kv_a h→r_kv+d_r
+        (replicated), q_b r_q→a·(d_n+d_r) (or q h→a·(d_n+d_r) without query compression) and kv_b
+        r_kv→a·(d_n+d_v) (column-parallel), o a·d_v→h (row-parallel)."""
+        h, mla = self.hidden_size, self.mla
+        if mla is None:
+            return (
+                Projection("q", h, self.q_dim, "column"),
+                Projection("k", h, self.kv_dim, "column"),
+                Projection("v", h, self.kv_dim, "column"),
+                Projection("o", self.q_dim, h, "row"),
+            )
+        a = self.num_heads
+        q: tuple[Projection, ...] = (
+            (
+                Projection("q_a", h, mla.q_lora_rank, "replicated"),
+                Projection("q_b", mla.q_lora_rank, a * mla.qk_head_dim, "column"),
+            )
+            if mla.q_lora_rank
+            else (Projection("q", h, a * mla.qk_head_dim, "column"),)
+        )
+        return (
+            *q,
+            Projection("kv_a", h, mla.kv_lora_rank + mla.qk_rope_head_dim, "replicated"),
+            Projection("kv_b", mla.kv_lora_rank, a * (mla.qk_nope_head_dim + mla.v_head_dim), "column"),
+            Projection("o", self.attn_out_dim, h, "row"),
+        )
+
+    def attention_weights(self, split: str | None = None) -> int:
+        """Σ n_in·n_out of :attr:`attention_projections` (of one ``split`` kind, or all)."""
+        return sum(p.n_in * p.n_out for p in self.attention_projections if split in (None, p.split))
 
     @property
     def gated(self) -> bool:

@@ -1048,6 +1048,11 @@ def plan(
             f"dispatch; {left_out:,} layout(s) left out where it is not modelled "
             "(einsum dispatch with tp > 1, a capacity factor with cp > 1)"
         )
+    if model.mla is not None:
+        notes.append(
+            "not searched: tensor parallelism, which is not modelled for multi-head latent attention "
+            f"({invalid_cores.get('layout: tp', 0):,} layout(s) with tp > 1 left out)"
+        )
     res = ev.evaluate(cand, prune_slower=True) if len(cand) else None
     if res is None:
         raise TrainplanError("hardware", _no_candidate_message(skipped, pruned, invalid_cores, space))

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from trainplan.errors import LayoutError, RecipeError, TrainplanError
+from trainplan.errors import LayoutError, ModelError, RecipeError, TrainplanError
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec, MoESpec
 from trainplan.recipe import Recipe
@@ -151,6 +151,12 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
             "moe_capacity_factor" if recipe.moe_capacity_factor is not None else "moe_dispatch",
             "the reference MoE layers route dropless by index (no capacity, no einsum dispatch); "
             "drop --moe-capacity-factor and --moe-dispatch",
+        )
+    if model.mla is not None:
+        raise ModelError(
+            "model",
+            f"{model.name} uses multi-head latent attention, which the reference blocks do not build "
+            "(they have q, k, v, o projections); run a multi/grouped-query model",
         )
 
 

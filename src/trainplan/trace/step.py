@@ -460,6 +460,10 @@ def fsdp_uneven_shard_bytes(model: nn.Module, opt: Any) -> int:
 
 # -- the traced step ---------------------------------------------------------------------------
 def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
+    if model.mla is not None:
+        raise UnsupportedConfig(
+            "multi-head latent attention is not traced (the reference blocks build q, k, v, o projections)"
+        )
     if layout.pp > 1:
         raise UnsupportedConfig("pipeline parallelism is not traced (fake-PG P2P schedules need real ranks)")
     if layout.cp > 1:
