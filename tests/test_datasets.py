@@ -495,6 +495,7 @@ def test_recipe_columns_default_where_absent() -> None:
         "gaudi2_megatron_deepspeed",
         "torchao_float8_llama3",
         "rocm_mad_llama31_8b",
+        "megatron_bridge_deepseek",  # MTP depth and Megatron-Core recompute modules
     }
     for name, rows in TIMING.items():
         if name in with_recipe:  # these state their optimizer, offload and LoRA / precision settings

@@ -114,7 +114,9 @@ OWN_ARCH_ONLY: Final = frozenset({"moe"})
 """Architecture classes that never borrow dense rows: with ``megatron_bridge_moe`` held out, its
 MoE runs fell inside the dense NVIDIA bands for 14 of 20 rows (docs/validation.md, held-out
 coverage), so dense errors do not bound MoE errors; without MoE rows of its own an MoE estimate
-is uncalibrated."""
+is uncalibrated. Nor does one MoE dataset bound another: with ``megatron_bridge_moe`` held out,
+the band of ``megatron_bridge_deepseek`` alone held 17 of its 24 runs; so an MoE class whose rows
+come from one dataset takes the uncalibrated band's width (:meth:`BandTable.lookup`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -343,7 +345,10 @@ class BandTable:
         A class whose rows all come from one dataset cannot show how the rows of another
         dataset spread around their bias: its band is widened to envelope the band of the first
         pooled class of the fallback order that holds two datasets or more, where there is one
-        (never narrowed by it)."""
+        (never narrowed by it). An architecture class that borrows no other rows
+        (:data:`OWN_ARCH_ONLY`: MoE) has no such class to learn the spread from: with one dataset
+        its band envelopes the uncalibrated band (it stays calibrated: its κ and centre are
+        measured, its width is not)."""
         by_name = self._by_name[quantity]
         chain = [c for c in (by_name.get(k.name) for k in key.fallbacks()) if c is not None]
         if chain:
@@ -353,6 +358,9 @@ class BandTable:
                 pooled = next((p for p in chain if len(p.datasets) >= 2), None)
                 if pooled is not None:
                     low, high = min(low, pooled.low), max(high, pooled.high)
+                elif key.arch in OWN_ARCH_ONLY:
+                    unc_lo, unc_hi = self.uncalibrated[quantity]
+                    low, high = min(low, unc_lo), max(high, unc_hi)
             return Band(
                 quantity=quantity,
                 class_name=c.name,

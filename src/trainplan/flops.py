@@ -50,12 +50,12 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
-from trainplan.errors import LayoutError
+from trainplan.errors import LayoutError, RecipeError
 from trainplan.layout import Layout
 from trainplan.layout import stage_layers as stage_layers  # the one stage assignment (re-exported)
 from trainplan.models.params import lora_modules
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import LoRASpec, Recipe, block_recipe
+from trainplan.recipe import LoRASpec, Recipe, block_recipe, recompute_module_set
 from trainplan.sac import block_linears, check_sac
 
 Direction = Literal["forward", "backward"]
@@ -890,6 +890,48 @@ class _LayerPasses:
     dequant_bytes: float
 
 
+def _selective_recompute(
+    spec: ModelSpec,
+    recipe: Recipe,
+    fl: LayerFlops,
+    fwd_mem: LayerMemoryTraffic,
+    attn_fwd: float,
+    moe_layer: bool,
+    split: _Split,
+) -> PassCost:
+    """The forward work selective recompute repeats in one layer's backward, module by module
+    (:attr:`trainplan.recipe.Recipe.recompute_modules`; Megatron-Core
+    ``TransformerConfig.recompute_modules``):
+
+    * ``core_attn``: the attention core, QKᵀ and PV, and its kernel I/O (or eager softmax)
+      (Korthikanti et al. 2022, Sec. 5);
+    * ``mla_up_proj``: MLA's up projections q_b and kv_b (the column-parallel q/k/v GEMMs) and
+      the rotary embedding they feed (``MLASelfAttention``: ``qkv_up_checkpoint``);
+    * ``mlp``: a dense layer's MLP, its GEMMs, activation function and pre-MLP norm
+      (``TransformerLayer.recompute_mlp``; MoE layers excepted);
+    * ``moe_act``: the routed experts' activation function (memory-bound; the shared experts'
+      share of the activation traffic is left out).
+    """
+    mods = recompute_module_set(recipe)
+    tpcp, rep = split.sharded, split.replicated_unless_sp
+    gemm = attention = nbytes = 0.0
+    if "core_attn" in mods:
+        attention += attn_fwd
+        nbytes += (fwd_mem.softmax + fwd_mem.attention_io) / tpcp
+    if "mla_up_proj" in mods and spec.mla is not None:
+        gemm += fl.qkv_proj / tpcp
+        nbytes += fwd_mem.rotary / tpcp
+    if "mlp" in mods and not moe_layer:
+        gemm += fl.mlp / tpcp
+        nbytes += fwd_mem.activation / tpcp + fwd_mem.norms / (2 + (2 if spec.post_norms else 0)) / rep
+    if "moe_act" in mods and moe_layer and spec.moe is not None:
+        moe = spec.moe
+        routed = expert_slot_ratio(spec, recipe) * moe.top_k * moe.expert_ffn_hidden
+        width = routed + moe.num_shared_experts * moe.shared_width
+        nbytes += fwd_mem.activation * routed / width / tpcp
+    return PassCost(gemm_flops=gemm, attention_flops=attention, memory_bytes=nbytes)
+
+
 _READS_BLOCK_INPUT: Final = frozenset({"q", "k", "v", "q_a", "kv_a"})
 """The attention projections that read the block's (normalised) input."""
 
@@ -987,8 +1029,7 @@ def _layer_passes(
     elif recipe.recompute == "full":
         recompute = forward
     elif recipe.recompute == "selective":
-        core_bytes = (fwd_mem.softmax + fwd_mem.attention_io) / tpcp
-        recompute = PassCost(attention_flops=attn_fwd, memory_bytes=core_bytes)
+        recompute = _selective_recompute(spec, recipe, fl, fwd_mem, attn_fwd, moe_layer, split)
     elif recipe.recompute == "sac":
         sac = sac_recompute(spec, i, recipe, b, s)
         recompute = PassCost(
@@ -1067,16 +1108,46 @@ def _sum_layers(
 def _head_passes(
     spec: ModelSpec, recipe: Recipe, b: float, split: _Split
 ) -> tuple[PassCost, PassCost, float]:
-    """LM head + cross-entropy (last stage): forward, backward, model FLOPs. Vocab-parallel over tp."""
+    """LM head + cross-entropy (last stage): forward, backward, model FLOPs. Vocab-parallel over tp.
+
+    With multi-token prediction (``Recipe.mtp_layers`` D; the D blocks themselves are layers of
+    :meth:`~trainplan.models.spec.ModelSpec.with_mtp`) every module adds one more pass of the
+    shared head and its loss, its ``eh_proj`` GEMM 2·T·2h·h (column-parallel, in the GEMM dtype)
+    and the embedding gather of the shifted tokens (:func:`mtp_head_flops`)."""
+    check_mtp(spec, recipe)
     s = float(recipe.seq_len)
     e = BYTES_PER_ELEMENT[recipe.weight_dtype]
     tpcp = split.sharded
-    logits = logits_forward_flops(spec, b, s) / tpcp
-    ce = logits_memory_bytes(spec, b, s, dtype_bytes=e) / tpcp
+    heads = 1.0 + recipe.mtp_layers
+    logits = heads * logits_forward_flops(spec, b, s) / tpcp
+    eh = mtp_head_flops(spec, recipe, b) / tpcp
+    ce = heads * logits_memory_bytes(spec, b, s, dtype_bytes=e) / tpcp
+    ce += recipe.mtp_layers * _embedding_bytes(spec, recipe, b, split)
     bwd_factor = 1.0 if recipe.is_peft else 2.0  # PEFT: the LM head is frozen
-    forward = PassCost(gemm_flops=logits, memory_bytes=ce, hp_gemm_flops=logits)
-    backward = PassCost(gemm_flops=bwd_factor * logits, memory_bytes=ce, hp_gemm_flops=bwd_factor * logits)
-    return forward, backward, (1.0 + bwd_factor) * logits
+    forward = PassCost(gemm_flops=logits + eh, memory_bytes=ce, hp_gemm_flops=logits)
+    backward = PassCost(
+        gemm_flops=bwd_factor * (logits + eh), memory_bytes=ce, hp_gemm_flops=bwd_factor * logits
+    )
+    return forward, backward, (1.0 + bwd_factor) * (logits + eh)
+
+
+def mtp_head_flops(spec: ModelSpec, recipe: Recipe, b: float) -> float:
+    """Forward FLOPs of the ``eh_proj`` projections of ``Recipe.mtp_layers`` MTP modules over
+    ``b`` sequences: each maps [norm(h); norm(emb)] (2h) to h, 2·T·2h·h (DeepSeek-V3 Eq. 21,
+    ``M_k ∈ R^{d×2d}``; Megatron-Core ``MultiTokenPredictionLayer.eh_proj``)."""
+    h = spec.hidden_size
+    return recipe.mtp_layers * 2.0 * b * recipe.seq_len * 2 * h * h
+
+
+def check_mtp(spec: ModelSpec, recipe: Recipe) -> None:
+    """The model must carry the recipe's MTP modules as its last layers
+    (:meth:`~trainplan.models.spec.ModelSpec.with_mtp`, which ``estimate`` and ``plan`` apply)."""
+    if spec.mtp_layers != recipe.mtp_layers:
+        raise RecipeError(
+            "mtp_layers",
+            f"the recipe trains {recipe.mtp_layers} MTP module(s) but {spec.name} carries {spec.mtp_layers}; "
+            f"cost model.with_mtp({recipe.mtp_layers}) (trainplan.estimate and plan do)",
+        )
 
 
 def _embedding_bytes(spec: ModelSpec, recipe: Recipe, b: float, split: _Split) -> float:

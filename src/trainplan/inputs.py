@@ -61,6 +61,7 @@ from trainplan.recipe import (
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
+    RECOMPUTE_MODULES,
     RECOMPUTES,
     RLHF_ACTORS,
     RLHF_ENGINES,
@@ -619,6 +620,23 @@ RECIPE_FIELDS: Final = (
         help="token-dropping MoE on capacity-padded expert buffers: each expert computes "
         "int(ceil(S*K/E)*CF) token slots per sequence, filled or not (MaxText capacity_factor; Megatron "
         "--moe-expert-capacity-factor with --moe-pad-expert-input-to-capacity); default: dropless",
+    ),
+    Field(
+        name="mtp_layers",
+        group="recipe",
+        type=int,
+        default=_default(Recipe, "mtp_layers"),
+        metavar="D",
+        help="multi-token prediction modules trained after the decoder (DeepSeek-V3; Megatron-Core "
+        "--mtp-num-layers): D more layers on the last pipeline stage and D more LM-head losses; megatron "
+        "stack, full training (default 0)",
+    ),
+    Field(
+        name="recompute_modules",
+        group="recipe",
+        metavar="LIST",
+        help="with --recompute selective on the megatron stack: comma-separated Megatron-Core modules to "
+        "recompute among " + ",".join(RECOMPUTE_MODULES) + " (--recompute-modules; default core_attn)",
     ),
     Field(
         name="moe_dispatch",
@@ -1469,7 +1487,23 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         stack=applied.values["stack"],  # type: ignore[arg-type]
         moe_capacity_factor=values.get("moe_capacity_factor"),
         moe_dispatch=values.get("moe_dispatch") or "gather",
+        mtp_layers=values.get("mtp_layers") or 0,
+        recompute_modules=_module_list(values.get("recompute_modules")),
     )
+
+
+def _module_list(text: object) -> tuple[str, ...] | None:
+    """``--recompute-modules a,b`` as a tuple (a list or tuple from JSON is taken as given)."""
+    if text is None:
+        return None
+    if isinstance(text, list | tuple):
+        return tuple(text)
+    if not isinstance(text, str):
+        raise TrainplanError("recompute_modules", f"must be comma-separated module names, got {text!r}")
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not names:
+        raise TrainplanError("recompute_modules", "empty; name modules among " + ",".join(RECOMPUTE_MODULES))
+    return names
 
 
 def build_lora(values: Mapping[str, Any]) -> LoRASpec:

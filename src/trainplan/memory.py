@@ -42,7 +42,7 @@ from trainplan.flops import check_layer_selective, check_moe_routing, expert_cap
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
-from trainplan.recipe import LORA_TARGETS, Recipe, block_recipe
+from trainplan.recipe import LORA_TARGETS, Recipe, block_recipe, recompute_module_set
 from trainplan.sac import block_linears, check_sac
 from trainplan.sharding import DeviceParams, Linear, device_params, layer_kinds, stage_layers
 from trainplan.units import GiB, fmt_bytes
@@ -723,8 +723,13 @@ def layer_activations(
     else:
         terms["attn_output_and_lse"] = e * tokens * o_local + 4.0 * b * a_local * s
     down = "down" in trained
-    if recipe.recompute != "selective" and core_s2:
+    modules = recompute_module_set(recipe)
+    if "core_attn" not in modules and core_s2:
         terms["attn_scores"] = core_s2
+    if "mla_up_proj" in modules and model.mla is not None:
+        # discarded after the attention forward, rebuilt for its backward (MLASelfAttention
+        # qkv_up_checkpoint.discard_output_and_register_recompute)
+        del terms["q_k_v"]
 
     if model.is_moe_layer(layer):
         assert model.moe is not None
@@ -755,7 +760,9 @@ def layer_activations(
             # input (grouped_linear.py L197-218); the fused unpermute needs no saved outputs
             terms["routing_indices"] = 8.0 * routed_tokens
             terms["expert_inputs"] = lin * slots * h
-            terms.update(_te_mlp_terms(model, slots, width, e, lin, "expert_", down_trained=down))
+            # moe_act: the activation output (fc2's input) is discarded and recomputed
+            fc2_in = down and "moe_act" not in modules
+            terms.update(_te_mlp_terms(model, slots, width, e, lin, "expert_", down_trained=fc2_in))
         else:
             # int64 top-k indices (saved by ``topk``), the dispatch sort order (saved by the
             # ``index_select`` that gathers the scores) and the token index of each routed row
@@ -787,7 +794,11 @@ def layer_activations(
         # Under kbit_fp32_upcast the 4-bit gate and up projections return their FP32 input's dtype
         # (bitsandbytes Linear4bit.forward: ``out.to(inp_dtype)``), so the activation's input and
         # output, the up output and their product are FP32 too: er bytes each.
-        if te:
+        if "mlp" in modules:
+            # TransformerLayer.recompute_mlp: the MLP is checkpointed from its normalised input,
+            # kept in the activation dtype; nothing inside it is saved
+            terms["mlp_input"] = e * tokens * h / sp_div
+        elif te:
             terms.update(_te_mlp_terms(model, tokens, model.ffn_hidden / t, e, lin, "", down_trained=down))
         else:
             terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, er, "", down_trained=down))
@@ -847,7 +858,7 @@ def sac_recompute_transient_bytes(model: ModelSpec, recipe: Recipe, layout: Layo
     backward is over (traced). Not with a post-MLP norm (Gemma 2), whose saved input is that output.
     """
     none = layer_activations(
-        model, replace(recipe, recompute="none", recompute_every=1), layout, layer
+        model, replace(recipe, recompute="none", recompute_every=1, recompute_modules=None), layout, layer
     ).total_bytes
     kept = sac_layer_terms(model, recipe, layout, layer)
     transient = none - (sum(kept.values()) - kept["layer_input"])
@@ -988,7 +999,9 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     # + int64 labels, + nll_loss's FP32 ``total_weight`` scalar
     saved = head_inputs + stats + 4.0 * tokens * v_local + 8.0 * tokens + 4.0
     transient = 8.0 * tokens * v_local
-    return saved, transient
+    # Multi-token prediction (Recipe.mtp_layers): each module's head and loss save the same set
+    # again until the backward (its norm and eh_proj inputs, 3·e·b·s·h, are left out)
+    return (1 + recipe.mtp_layers) * saved, transient
 
 
 # --- model states -------------------------------------------------------------------------
@@ -1448,7 +1461,7 @@ class StageActivations:
 @functools.lru_cache(maxsize=256)
 def _without_recompute(recipe: Recipe) -> Recipe:
     """``recipe`` with ``recompute="none"``: what a recomputed layer holds while it reruns."""
-    return replace(recipe, recompute="none", recompute_every=1)
+    return replace(recipe, recompute="none", recompute_every=1, recompute_modules=None)
 
 
 def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer: int) -> float:
@@ -1592,6 +1605,10 @@ def stage_activations(
         if rb.recompute == "full":
             full = block(_without_recompute(rb), i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)
+        elif rb.recompute == "selective" and recompute_module_set(rb) - {"core_attn"}:
+            # the recomputed modules' saved tensors, rebuilt for one layer's backward
+            full = block(_without_recompute(rb), i)
+            largest_layer_full = max(largest_layer_full, full.total_bytes - la.total_bytes)
         elif rb.recompute == "sac":
             largest_layer_full = max(largest_layer_full, sac_recompute_transient_bytes(model, rb, layout, i))
     if stage == 0:

@@ -180,6 +180,8 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "recompute": recipe.recompute,
         "recompute_early_stop": recipe.recompute_early_stop,
         "recompute_every": recipe.recompute_every,
+        "recompute_modules": list(recipe.recompute_modules) if recipe.recompute_modules is not None else None,
+        "mtp_layers": recipe.mtp_layers,
         "stack": recipe.stack,
         "attention": recipe.attention,
         "offload": recipe.offload,
@@ -336,7 +338,11 @@ def estimate(
     ``memory_margin``: the fraction of device memory a fitting plan leaves free.
 
     The price: ``price_usd_per_device_hour``, else the system's offering, else the catalog's
-    offering that ``price_query`` and ``provider`` pick (:mod:`trainplan.hardware.prices`)."""
+    offering that ``price_query`` and ``provider`` pick (:mod:`trainplan.hardware.prices`).
+
+    With ``recipe.mtp_layers`` the model trained is ``model.with_mtp(recipe.mtp_layers)`` (its
+    multi-token-prediction modules as its last layers), and that is the ``model`` of the result."""
+    model = model.with_mtp(recipe.mtp_layers)
     if layout.num_devices != system.num_devices:
         raise TrainplanError(
             "devices",

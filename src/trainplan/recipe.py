@@ -79,6 +79,11 @@ OFFLOADS: Final = get_args(Offload)
 STACKS: Final = get_args(Stack)
 MOE_DISPATCHES: Final = get_args(MoEDispatch)
 MAX_CAPACITY_FACTOR: Final = 64.0
+MAX_MTP_LAYERS: Final = 8
+"""Largest accepted ``mtp_layers`` (DeepSeek-V3 trains with 1; the paper's ablations use 1-2)."""
+RECOMPUTE_MODULES: Final = ("core_attn", "mla_up_proj", "mlp", "moe_act")
+"""The Megatron-Core ``recompute_modules`` that are modelled (:attr:`Recipe.recompute_modules`)."""
+UNMODELLED_RECOMPUTE_MODULES: Final = ("layernorm", "moe", "shared_experts")
 """Largest accepted ``moe_capacity_factor``: at cf ≥ E/K every expert already has a slot for every
 token of the sequence, so larger factors only pad more."""
 
@@ -133,7 +138,7 @@ def block_recipe(recipe: Recipe, position: int) -> Recipe:
 
 @functools.lru_cache(maxsize=256)
 def _without_recompute(recipe: Recipe) -> Recipe:
-    return replace(recipe, recompute="none", recompute_every=1)
+    return replace(recipe, recompute="none", recompute_every=1, recompute_modules=None)
 
 
 def repeats_attention(recompute: str) -> bool:
@@ -342,6 +347,27 @@ class Recipe:
     ``2·S·E·C·h`` FLOPs per sequence in the forward, so quadratic in the sequence length
     (:func:`trainplan.flops.moe_einsum_flops`); it needs ``moe_capacity_factor``."""
 
+    mtp_layers: int = 0
+    """Multi-token prediction depth D (DeepSeek-V3, arXiv:2412.19437 Sec. 2.2; Megatron-Core
+    ``--mtp-num-layers``, ``megatron/core/transformer/multi_token_prediction.py``): D modules after
+    the decoder, each a transformer block built like the decoder's layers, fed by ``eh_proj``
+    (2h → h) of the normalised hidden state and the next token's embedding, with a loss of its own
+    through the shared LM head. Costed as D more layers on the last pipeline stage
+    (:meth:`trainplan.models.spec.ModelSpec.with_mtp`) and D more LM-head passes and losses with
+    their ``eh_proj`` GEMMs (:func:`trainplan.flops.mtp_head_flops`); all of it counts as model
+    FLOPs, as Megatron-Bridge's FLOP counter counts it. The megatron stack only (transformers,
+    torchtitan and DeepSpeed do not build the modules), full training only."""
+    recompute_modules: tuple[str, ...] | None = None
+    """With ``recompute="selective"`` on the megatron stack: the Megatron-Core submodules recomputed
+    (``--recompute-modules``; ``TransformerConfig.recompute_modules``, megatron/core/transformer/
+    transformer_config.py at core_r0.14.0 L304-316; ``None`` is Megatron's default,
+    ``("core_attn",)``). Modelled (:data:`RECOMPUTE_MODULES`): ``core_attn`` (the attention core),
+    ``mla_up_proj`` (MLA's up projections and RoPE: their outputs q, k, v are discarded after the
+    attention forward and rebuilt for its backward), ``mlp`` (the dense layers' MLP, checkpointed
+    from its normalised input; not MoE layers), ``moe_act`` (the routed experts' activation
+    function: its output, the fc2 input, is discarded and recomputed). ``layernorm``, ``moe`` and
+    ``shared_experts`` are refused (not modelled)."""
+
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
         _check_choice("precision", self.precision, PRECISIONS)
@@ -461,6 +487,7 @@ class Recipe:
             or (self.recompute_every <= 0)
         ):
             raise RecipeError("recompute_every", f"must be a positive integer, got {self.recompute_every!r}")
+        _check_mtp_and_modules(self)
         if self.recompute_every > 1 and self.recompute != "full":
             raise RecipeError(
                 "recompute_every",
@@ -544,6 +571,61 @@ class Recipe:
         return "fp32" if self.precision == "fp32" or self.master_weights else self.weight_dtype
 
 
+def _check_mtp_and_modules(recipe: Recipe) -> None:
+    """:attr:`Recipe.mtp_layers` and :attr:`Recipe.recompute_modules` (see their docstrings)."""
+    mtp = recipe.mtp_layers
+    if isinstance(mtp, bool) or not isinstance(mtp, int) or not 0 <= mtp <= MAX_MTP_LAYERS:
+        raise RecipeError("mtp_layers", f"must be an integer in 0..{MAX_MTP_LAYERS}, got {mtp!r}")
+    if mtp and recipe.stack != "megatron":
+        raise RecipeError(
+            "mtp_layers",
+            f"multi-token prediction is a Megatron-Core module (--mtp-num-layers); the {recipe.stack} stack's "
+            "models do not build it: use --stack megatron, or drop --mtp-layers",
+        )
+    if mtp and recipe.method not in ("pretrain", "full"):
+        raise RecipeError(
+            "mtp_layers", f"multi-token prediction is modelled for full training, not {recipe.method!r}"
+        )
+    modules = recipe.recompute_modules
+    if modules is None:
+        return
+    if not isinstance(modules, tuple) or not all(isinstance(m, str) for m in modules):
+        raise RecipeError("recompute_modules", f"must be a tuple of module names, got {modules!r}")
+    if recipe.recompute != "selective":
+        raise RecipeError(
+            "recompute_modules",
+            f"--recompute-modules names what selective recompute recomputes; it needs --recompute selective, "
+            f"got {recipe.recompute!r}",
+        )
+    if recipe.stack != "megatron":
+        raise RecipeError(
+            "recompute_modules",
+            f"--recompute-modules is Megatron-Core's (TransformerConfig.recompute_modules); the {recipe.stack} "
+            "stack recomputes the attention core under --recompute selective: drop --recompute-modules",
+        )
+    if not modules:
+        raise RecipeError(
+            "recompute_modules", "an empty list recomputes nothing: use --recompute none (or name modules)"
+        )
+    for m in modules:
+        if m in UNMODELLED_RECOMPUTE_MODULES:
+            raise RecipeError(
+                "recompute_modules",
+                f"recomputing {m!r} is not modelled; choose among {', '.join(RECOMPUTE_MODULES)}",
+            )
+        _check_choice("recompute_modules", m, RECOMPUTE_MODULES)
+    if len(set(modules)) != len(modules):
+        raise RecipeError("recompute_modules", f"{modules} names a module twice")
+
+
+def recompute_module_set(recipe: Recipe) -> frozenset[str]:
+    """The Megatron-Core modules ``recipe`` recomputes under ``recompute="selective"`` (the
+    attention core alone unless ``recompute_modules`` says otherwise); empty otherwise."""
+    if recipe.recompute != "selective":
+        return frozenset()
+    return frozenset(recipe.recompute_modules or ("core_attn",))
+
+
 def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
     """Recipe settings the model cannot take, refused with the reason and the fix.
 
@@ -567,6 +649,18 @@ def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
         )
     if recipe.lora is not None:
         _check_lora_rank(model, recipe.lora)
+    modules = recompute_module_set(recipe)
+    if "mla_up_proj" in modules and model.mla is None:
+        raise RecipeError(
+            "recompute_modules",
+            f"mla_up_proj recomputes the up projections of multi-head latent attention; {model.name} has none",
+        )
+    if "moe_act" in modules and model.moe is None:
+        raise RecipeError(
+            "recompute_modules", f"moe_act recomputes expert activations; {model.name} has no experts"
+        )
+    if "mlp" in modules and model.num_dense_layers == 0:
+        raise RecipeError("recompute_modules", f"mlp recomputes the dense layers' MLP; {model.name} has none")
     if model.mla is not None and recipe.method in ("ppo", "grpo"):
         raise RecipeError(
             "method",

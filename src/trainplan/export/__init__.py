@@ -131,6 +131,19 @@ def export_plan(
             f"{' or '.join(CAPACITY_TARGETS)} (--moe-expert-capacity-factor with "
             "--moe-pad-expert-input-to-capacity), or plan dropless (no --moe-capacity-factor)",
         )
+    if recipe.mtp_layers and target != "megatron":
+        raise TrainplanError(
+            "mtp_layers",
+            f"{target} cannot express multi-token prediction modules; export to megatron (--mtp-num-layers), "
+            "or plan without --mtp-layers",
+        )
+    if recipe.recompute_modules is not None and target not in ("megatron", "nemo"):
+        raise TrainplanError(
+            "recompute_modules",
+            f"{target} cannot express Megatron-Core's recompute modules; export to megatron or nemo",
+        )
+    # the launch describes the decoder and its MTP depth, not the costed model with MTP layers
+    model = model.decoder()
     render, filename = renderers[target]
     text, warnings = render(system, model, recipe, layout)
     stack = STACK_OF[target]

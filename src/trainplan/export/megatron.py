@@ -24,7 +24,8 @@ tests/test_export_megatron.py pins the set and parses the list back):
   ``--max-position-embeddings``, ``--train-iters`` and ``--lr-decay-iters`` from ``--tokens``;
 * recipe: ``--bf16`` / ``--fp16``, ``--fp8-format hybrid``, ``--fp4-format e2m1``,
   ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` or
-  ``--recompute-granularity selective``, ``--attention-backend flash`` / ``unfused``,
+  ``--recompute-granularity selective`` (``--recompute-modules``), ``--mtp-num-layers``,
+  ``--attention-backend flash`` / ``unfused``,
   ``--attention-dropout`` and ``--hidden-dropout`` (Megatron's default is 0.1: always written),
   ``--optimizer adam`` / ``sgd``, ``--optimizer-cpu-offload --optimizer-offload-fraction 1.0``;
 * data: ``--mock-data --tokenizer-type NullTokenizer --vocab-size`` (synthetic data, so the
@@ -294,6 +295,10 @@ def _recipe_args(recipe: Recipe, target: str = TARGET) -> list[str]:
         ]
     elif recipe.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+        if recipe.recompute_modules is not None:
+            args += ["--recompute-modules", *recipe.recompute_modules]
+    if recipe.mtp_layers:
+        args += ["--mtp-num-layers", str(recipe.mtp_layers)]
     args += ["--attention-backend", "flash" if recipe.attention == "flash" else "unfused"]
     args += ["--attention-dropout", repr(recipe.dropout), "--hidden-dropout", repr(recipe.dropout)]
     optimizer = {"adamw": "adam", "sgd": "sgd", "sgd-momentum": "sgd"}.get(recipe.optimizer)

@@ -152,6 +152,8 @@ def _model(model: ModelSpec, recipe: Recipe, layout: Layout) -> dict[str, object
     }
     if model.ffn_hidden:
         out["ffn_hidden_size"] = model.ffn_hidden
+    if recipe.recompute_modules is not None:
+        out["recompute_modules"] = list(recipe.recompute_modules)
     if recipe.recompute == "full":
         out["recompute_method"] = "uniform"
         out["recompute_num_layers"] = 1

@@ -12,6 +12,7 @@ multi-head latent attention (DeepSeek-V2/V3, Kimi K2). Shapes use the notation o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
@@ -107,6 +108,10 @@ class MLASpec:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+MTP_NOTE = "multi-token-prediction module"
+"""The words that mark :meth:`ModelSpec.with_mtp`'s entry among a spec's approximations."""
+
+
 @dataclass(frozen=True)
 class Projection:
     """One attention weight matrix ``n_in → n_out``. ``split``: how Megatron tensor parallelism
@@ -157,6 +162,9 @@ class ModelSpec:
     """Rows of a learned position table beyond ``max_seq_len`` (OPT: 2,
     ``OPTLearnedPositionalEmbedding`` offsets positions by 2)."""
     moe: MoESpec | None = None
+    mtp_layers: int = 0
+    """Of ``num_layers``, the last ``mtp_layers`` are multi-token-prediction modules that training
+    adds (:meth:`with_mtp`; ``Recipe.mtp_layers``). 0 for every preset and config.json."""
     mla: MLASpec | None = None
     """Multi-head latent attention (:class:`MLASpec`); then ``num_kv_heads`` = ``num_heads`` and
     ``head_dim`` = d_n + d_r, the query/key width of a head."""
@@ -193,6 +201,11 @@ class ModelSpec:
             raise ModelError("moe", f"must be a MoESpec or None, got {self.moe!r}")
         if self.mla is not None:
             self._check_mla(self.mla)
+        check_int("mtp_layers", self.mtp_layers, low=0, high=MAX_LAYERS, error=ModelError)
+        if self.mtp_layers >= self.num_layers:
+            raise ModelError(
+                "mtp_layers", f"{self.mtp_layers} MTP modules need more than {self.num_layers} layers"
+            )
         for name in ("activation", "norm", "position"):
             choices = get_args({"activation": Activation, "norm": Norm, "position": Position}[name])
             if getattr(self, name) not in choices:
@@ -350,6 +363,57 @@ class ModelSpec:
             return False
         rel = layer - self.moe.first_dense_layers
         return rel >= 0 and rel % self.moe.layer_freq == 0
+
+    def with_mtp(self, depth: int) -> ModelSpec:
+        """The model a run with ``depth`` multi-token-prediction modules trains (``Recipe.mtp_layers``).
+
+        DeepSeek-V3 (arXiv:2412.19437, Sec. 2.2, Eqs. 21-25) and Megatron-Core
+        (``megatron/core/transformer/multi_token_prediction.py``, ``MultiTokenPredictionLayer``):
+        module k normalises the previous depth's hidden state and the embedding of token i + k,
+        projects their concatenation 2h → h (``eh_proj``), runs one transformer block built like
+        the decoder's layers, and feeds the shared output head and a loss of its own. Costed as
+        ``depth`` more layers of the kind of the decoder's last layer, placed last (the last
+        pipeline stage, where Megatron-Core puts the MTP block), with the extra LM-head passes,
+        losses and ``eh_proj`` GEMMs in :func:`trainplan.flops.mtp_head` terms. Idempotent for
+        the same depth; a depth of 0 is the model itself."""
+        if depth == self.mtp_layers:
+            return self
+        if self.mtp_layers:
+            raise ModelError(
+                "mtp_layers",
+                f"{self.name} already carries {self.mtp_layers} MTP module(s); start from the model",
+            )
+        last = self.num_layers - 1
+        if any(self.is_moe_layer(last + k) != self.is_moe_layer(last) for k in range(1, depth + 1)):
+            raise ModelError(
+                "mtp_layers",
+                f"{self.name}'s layer pattern would make an MTP block of another kind than its last layer; "
+                "MTP is modelled for models whose last layers are all dense or all MoE",
+            )
+        note = (
+            f"{self.name}: {depth} {MTP_NOTE}(s) costed as {depth} more "
+            f"{'MoE' if self.is_moe_layer(last) else 'dense'} layer(s) on the last pipeline stage with "
+            f"{depth} more LM-head pass(es) and loss(es); the eh_proj GEMM (2h→h) is in the FLOPs, its "
+            f"{2 * self.hidden_size**2 * depth:,} weights and the three RMSNorms per module are not in memory"
+        )
+        return dataclasses.replace(
+            self,
+            num_layers=self.num_layers + depth,
+            mtp_layers=depth,
+            approximations=(*self.approximations, note),
+        )
+
+    def decoder(self) -> ModelSpec:
+        """The model without the MTP modules :meth:`with_mtp` added (itself when there are none):
+        what a launch configuration describes as the model, beside its MTP depth."""
+        if not self.mtp_layers:
+            return self
+        return dataclasses.replace(
+            self,
+            num_layers=self.num_layers - self.mtp_layers,
+            mtp_layers=0,
+            approximations=tuple(a for a in self.approximations if MTP_NOTE not in a),
+        )
 
     def layer_kinds_of(self, layers: tuple[int, ...]) -> tuple[bool, ...]:
         """The kinds (MoE?) among ``layers`` in order of first appearance."""

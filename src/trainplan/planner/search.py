@@ -971,6 +971,7 @@ def plan(
     offloaded states are checked (``memory.host_fits``). ``memory_margin``: the fraction of device
     memory every plan leaves free (``memory.usable_bytes``, as estimate's ``fits``).
     """
+    model = model.with_mtp(recipe.mtp_layers)  # the MTP modules are layers of the trained model
     t0 = time.perf_counter()
     space = space or SearchSpace()
     if objective not in OBJECTIVES:
@@ -1047,6 +1048,11 @@ def plan(
             f"not searched, as given: MoE capacity factor {base.moe_capacity_factor:g} with {base.moe_dispatch} "
             f"dispatch; {left_out:,} layout(s) left out where it is not modelled "
             "(einsum dispatch with tp > 1, a capacity factor with cp > 1)"
+        )
+    if base.recompute_modules is not None:
+        notes.append(
+            f"not searched, as given: selective recompute of {', '.join(base.recompute_modules)} "
+            "(other recompute choices left out)"
         )
     if model.mla is not None:
         notes.append(

@@ -152,6 +152,10 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
             "the reference MoE layers route dropless by index (no capacity, no einsum dispatch); "
             "drop --moe-capacity-factor and --moe-dispatch",
         )
+    if recipe.mtp_layers:
+        raise RecipeError(
+            "mtp_layers", "the reference models have no multi-token prediction modules; drop --mtp-layers"
+        )
     if model.mla is not None:
         raise ModelError(
             "model",

@@ -460,6 +460,10 @@ def fsdp_uneven_shard_bytes(model: nn.Module, opt: Any) -> int:
 
 # -- the traced step ---------------------------------------------------------------------------
 def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
+    if recipe.mtp_layers:
+        raise UnsupportedConfig(
+            "multi-token prediction modules are not traced (the reference models have none)"
+        )
     if model.mla is not None:
         raise UnsupportedConfig(
             "multi-head latent attention is not traced (the reference blocks build q, k, v, o projections)"

@@ -71,6 +71,8 @@ PRESETS: Final = (
     "qwen3-30b-a3b",
     "gemma-2-9b",
     "gpt3-175b",
+    "deepseek-v3",
+    "kimi-k2",
 )
 RECOMPUTE_VALUES: Final = ("none", "selective", "full", "sac", "unstated")
 UNIT_BYTES: Final[dict[str, float]] = {"GB": 1e9, "GiB": float(2**30), "TB": 1e12}
@@ -118,6 +120,8 @@ RECIPE_SWITCHES: Final = (
     "pp_split_head",
 )
 RECIPE_SETTINGS: Final = (
+    "mtp_layers",
+    "recompute_modules",
     "loss_chunks",
     "lora_rank",
     "lora_alpha",
@@ -165,6 +169,10 @@ class RecipeFlags:
                                ``capacity_factor``) → ``Recipe.moe_capacity_factor``
         moe_dispatch=D         gather or einsum (MaxText ``sparse_matmul=False``: one-hot dispatch
                                and combine matmuls) → ``Recipe.moe_dispatch``
+        mtp_layers=D           multi-token prediction modules (Megatron-Core ``mtp_num_layers``)
+                               → ``Recipe.mtp_layers``
+        recompute_modules=a+b  Megatron-Core's selective recompute modules, ``+``-separated, or
+                               ``none`` for an empty list → ``Recipe.recompute_modules``
 
     Empty cell: nothing stated beyond the other columns.
     """
@@ -188,6 +196,8 @@ class RecipeFlags:
     lora_targets: tuple[str, ...] | None = None
     moe_capacity_factor: float | None = None  # None: not stated (dropless)
     moe_dispatch: str | None = None  # None: not stated (gather)
+    mtp_layers: int = 0
+    recompute_modules: tuple[str, ...] | None = None  # None: not stated (Megatron's default, core_attn)
 
     @property
     def has_lora(self) -> bool:
@@ -432,6 +442,14 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             mape_bound=0.5,
             description="Qwen3-30B-A3B and Qwen3-235B-A22B on H100/B200/GB200/GB300, FP8/MXFP8/BF16, EP with PP/VP",
             source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md and performance-summary.md (25.11-26.08)",
+        ),
+        DatasetInfo(
+            name="megatron_bridge_deepseek",
+            kind="timing",
+            metric="tokens_per_s",
+            mape_bound=0.5,
+            description="DeepSeek-V3 (MLA, 256 experts, MTP) on B200/B300/GB200/GB300, MXFP8, EP with PP/VP",
+            source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md and performance-summary.md (25.09-26.08)",
         ),
         DatasetInfo(
             name="llama3_paper_table4",
@@ -680,6 +698,12 @@ class _Cells:
             lora_targets=targets,
             moe_capacity_factor=capacity,
             moe_dispatch=dispatch,
+            mtp_layers=positive_int("mtp_layers") or 0,
+            recompute_modules=(
+                tuple(m.strip() for m in settings["recompute_modules"].split("+"))
+                if "recompute_modules" in settings
+                else None
+            ),
         )
 
     def opt_int(self, column: str) -> int | None:

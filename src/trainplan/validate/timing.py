@@ -220,6 +220,8 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         triton_attention=flags.triton_attention,
         moe_capacity_factor=flags.moe_capacity_factor,
         moe_dispatch=(flags.moe_dispatch or "gather"),  # type: ignore[arg-type]
+        mtp_layers=flags.mtp_layers,
+        recompute_modules=flags.recompute_modules,
         stack=REGISTRY[row.dataset].stack,  # type: ignore[arg-type]
     )
     layout = Layout(
@@ -241,7 +243,8 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         pp_split_head=flags.pp_split_head,
     )
     system = System(accelerator=get_accelerator(row.hardware), num_devices=row.num_devices)
-    return system, model, recipe, layout, tuple(assumptions)
+    # the MTP modules are layers of the model the run trains (ModelSpec.with_mtp)
+    return system, model.with_mtp(recipe.mtp_layers), recipe, layout, tuple(assumptions)
 
 
 def predict_row(row: TimingRow, *, kappa: float | None = None) -> RowResult:
