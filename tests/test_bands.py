@@ -25,7 +25,7 @@ from trainplan.bands import (
 from trainplan.cli import main
 from trainplan.validate import bands as vbands
 
-UNCALIBRATED = ("mi250x", "gaudi2", "gaudi3")
+UNCALIBRATED = ("gaudi2", "gaudi3")
 """No κ (MI250X's CDNA 2), or a κ with fewer validation rows than a band needs (Gaudi 2, Gaudi 3)."""
 
 
@@ -250,16 +250,13 @@ def test_offload_over_the_host_memory_does_not_fit_whatever_the_device_band() ->
 
 
 def test_compare_labels_uncalibrated_and_says_so_in_words(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["compare", "llama-3.1-8b", "--hardware", "h100-sxm,mi250x,gaudi2,gaudi3,trn2", "--devices", "8"]
+    argv = ["compare", "llama-3.1-8b", "--hardware", "h100-sxm,gaudi2,gaudi3,trn2", "--devices", "8"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for name in UNCALIBRATED:
         row = next(line for line in out.splitlines() if f"8×{name} " in line and "dp=" in line)
         assert "uncal −" in row
-    assert (
-        "mixes calibrated accelerators (h100-sxm, trn2) with uncalibrated ones (gaudi2, gaudi3, mi250x)"
-        in out
-    )
+    assert "mixes calibrated accelerators (h100-sxm, trn2) with uncalibrated ones (gaudi2, gaudi3)" in out
     assert "trn2 has no validated run of its own" in out
     assert main([*argv, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
@@ -362,9 +359,9 @@ def test_compare_and_plan_plots_tag_uncalibrated_rows() -> None:
     pytest.importorskip("matplotlib")
     from trainplan.web import plots
 
-    fig = plots._compare_figure(api.compare("llama-3.1-8b", hardware="h100-sxm,mi250x", devices=8))
+    fig = plots._compare_figure(api.compare("llama-3.1-8b", hardware="h100-sxm,gaudi3", devices=8))
     text = _texts(fig)
-    assert "8×mi250x (uncalibrated)" in text and "8×h100-sxm (uncalibrated)" not in text
+    assert "8×gaudi3 (uncalibrated)" in text and "8×h100-sxm (uncalibrated)" not in text
     # a plan plots priced rows only: gaudi3 has a catalog price and no band of its own family's runs;
     # trn2 has a price and the Trainium band, measured on Trn1 only
     fig = plots._plan_figure(
@@ -376,11 +373,11 @@ def test_compare_and_plan_plots_tag_uncalibrated_rows() -> None:
 
 
 def test_plan_mixing_calibrated_and_uncalibrated_says_so() -> None:
-    result = api.plan("llama-3.1-8b", hardware="h100-sxm,mi250x", devices="8", price=2.0, top=4)
+    result = api.plan("llama-3.1-8b", hardware="h100-sxm,gaudi3", devices="8", price=2.0, top=4)
     names = {p.estimate.system.accelerator.name for p in result.plans}
-    assert names == {"h100-sxm", "mi250x"}
+    assert names == {"h100-sxm", "gaudi3"}
     assert any(
-        "mixes calibrated accelerators (h100-sxm) with uncalibrated ones (mi250x)" in s
+        "mixes calibrated accelerators (h100-sxm) with uncalibrated ones (gaudi3)" in s
         for s in result.ranking
     )
     only = api.plan("llama-3.1-8b", hardware="h100-sxm", devices="8", price=2.0)

@@ -101,13 +101,19 @@ def test_judged_datasets_never_calibrate() -> None:
         "gaudi2_megatron_deepspeed",
         # AMD's PyTorch-stack factor: the torchtitan MI300X row; its H100 twin and ROCm/MAD judge it
         "torchao_float8_llama3",
+        # CDNA 2: the smallest LUMI run (7B on 32 GCDs); the 33B-175B runs and the sweep judge it
+        "lumi_mi250x_megatron_deepspeed",
     }
     assert {r.split for r in ALL["unsloth_hf_context"] if r.model == "llama-3.1-70b"} == {"validate"}
 
 
-SMALLEST_PUBLISHED_RUN: dict[str, int] = {"maxtext_tpu": 512, "neuron_trn1": 256}
-"""TPU and Trainium publish no single-node run: their calibration rows are the smallest runs
-published (one TPU slice of at most 512 chips; 16 trn1.32xlarge)."""
+SMALLEST_PUBLISHED_RUN: dict[str, int] = {
+    "maxtext_tpu": 512,
+    "neuron_trn1": 256,
+    "lumi_mi250x_megatron_deepspeed": 32,
+}
+"""TPU, Trainium and LUMI's MI250X publish no single-node run: their calibration rows are the
+smallest runs published (one TPU slice of at most 512 chips; 16 trn1.32xlarge; 4 LUMI nodes)."""
 
 
 CALIBRATION_METHOD: dict[str, str] = {"mlperf51_llama2_70b_lora": "lora"}
@@ -495,6 +501,7 @@ def test_recipe_columns_default_where_absent() -> None:
         "gaudi2_megatron_deepspeed",
         "torchao_float8_llama3",
         "rocm_mad_llama31_8b",
+        "lumi_mi250x_megatron_deepspeed",  # DeepSpeed's bf16 optimizer: FP32 gradient accumulation
         "megatron_bridge_deepseek",  # MTP depth and Megatron-Core recompute modules
     }
     for name, rows in TIMING.items():

@@ -99,6 +99,7 @@ GENERATION: Final[dict[str, str]] = {
     "b300": "blackwell",
     "gb200": "blackwell",
     "gb300": "blackwell",
+    "mi250x": "cdna2",
     "mi300x": "cdna3-750w",
     "mi325x": "cdna3-1000w",
     "mi350x": "cdna4-1000w",
@@ -119,8 +120,8 @@ GENERATION: Final[dict[str, str]] = {
 efficiency, ``attention.toml``). NVIDIA GPUs by architecture. AMD GPUs by architecture and board power: the MI300X
 (750 W) and MI325X (1,000 W) share CDNA 3 and its peak, the MI350X (1,000 W) and MI355X (1,400 W)
 CDNA 4, but the same MLPerf LoRA run is 1.34x faster on the MI325X and 1.21x on the MI355X —
-sustained clocks under load, which κ carries, differ with the power envelope (the MI250X's CDNA 2
-has no training run here). Google TPUs and AWS Trainium chips as one generation
+sustained clocks under load, which κ carries, differ with the power envelope; the MI250X's CDNA 2
+is fitted on LUMI's Megatron-DeepSpeed runs). Google TPUs and AWS Trainium chips as one generation
 each, because their κ measures a compiler stack (XLA, Neuron) rather than one chip: it is fitted
 on TPU v5p / v6e and on Trn1 runs and used for every chip of the family (the kernel efficiencies
 stay per chip, ``efficiency.toml``). Intel Gaudi chips likewise form one generation: their κ

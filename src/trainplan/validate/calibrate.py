@@ -94,6 +94,7 @@ CALIBRATION_SETS: dict[tuple[str, str], tuple[tuple[str, Callable[[TimingRow], b
     ("maxtext", "tpu"): (("maxtext_tpu", lambda r: r.split == "calibrate"),),
     ("neuron", "trainium"): (("neuron_trn1", lambda r: r.split == "calibrate"),),
     ("megatron", "gaudi"): (("gaudi2_megatron_deepspeed", lambda r: r.split == "calibrate"),),
+    ("megatron", "cdna2"): (("lumi_mi250x_megatron_deepspeed", lambda r: r.split == "calibrate"),),
 }
 """(stack, generation) -> the datasets and rows κ is fitted on (the calibration split)."""
 

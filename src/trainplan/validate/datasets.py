@@ -517,6 +517,16 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
             stack="neuron",
         ),
         DatasetInfo(
+            name="lumi_mi250x_megatron_deepspeed",
+            kind="timing",
+            metric="step_s",
+            mape_bound=0.20,
+            description="GPT-style (ALiBi, GELU) 7B/33B/65B/175B pre-training on 32-2,048 MI250X GCDs of LUMI, "
+            "Megatron-DeepSpeed, TP/PP/DP, BF16, full recompute; a 175B strong-scaling sweep over 16-256 nodes",
+            source="spyysalo/lumi-llm-scaling meg-ds/ README.md, pretrain_*.sh and experiments/175B-scaling-comms "
+            "logs at 7314958 (TurkuNLP/Megatron-DeepSpeed 6732bc9, DeepSpeed 0.8.1, ROCm 5.2.3)",
+        ),
+        DatasetInfo(
             name="gaudi2_megatron_deepspeed",
             kind="timing",
             metric="step_s",

@@ -193,11 +193,21 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
     seq = row.seq_len or 2048
     sp = bool(row.sequence_parallel) and row.tp > 1
     model = _model(row)
-    attention: Attention = "eager" if row.dataset.startswith(("megatron2021", "korthikanti")) else "flash"
+    attention: Attention = (
+        "eager" if row.dataset.startswith(("megatron2021", "korthikanti", "lumi_mi250x")) else "flash"
+    )
     overlap_grad_reduce = True
     if row.dataset.startswith("megatron2021") and zero == 0:
         overlap_grad_reduce = False
         assumptions.append("gradient all-reduce after the backward (Megatron-LM 2021 LocalDDP)")
+    if row.dataset.startswith("lumi_mi250x"):
+        # DeepSpeed 0.8.1's pipeline engine reduces the accumulated gradients after the last
+        # micro-batch (PipelineEngine._exec_reduce_grads); they travel in FP32 there
+        # (BF16_Optimizer accumulate_allreduce_grads_in_fp32), costed in the weight dtype
+        overlap_grad_reduce = False
+        assumptions.append(
+            "gradient all-reduce after the backward (DeepSpeed pipeline engine), in bf16 not fp32"
+        )
     flags = row.recipe_flags
     recipe = Recipe(
         method="pretrain" if row.method not in ("full", "lora", "qlora") else row.method,  # type: ignore[arg-type]
