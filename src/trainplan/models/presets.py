@@ -14,7 +14,7 @@ import tomllib
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainplan.errors import ModelError
 from trainplan.models.spec import MLASpec, ModelSpec, MoESpec
@@ -25,8 +25,29 @@ _DATA_PACKAGE = "trainplan.models.data"
 _PRESET_FILE = "presets.toml"
 
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(ModelSpec)}
-_MOE_FIELDS = {f.name for f in dataclasses.fields(MoESpec)}
-_MLA_FIELDS = {f.name for f in dataclasses.fields(MLASpec)}
+_Sub = TypeVar("_Sub", MoESpec, MLASpec)
+
+
+def _sub_spec(entry: dict[str, Any], key: str, cls: type[_Sub], where: str) -> _Sub | None:
+    """The ``key`` sub-table of a preset (``moe``, ``mla``) as ``cls``; an unknown or a missing
+    required key is an error naming it."""
+    raw = entry.pop(key, None)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ModelError(key, f"{where}: '{key}' must be a table of {cls.__name__} fields")
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    required = {f.name for f in fields if f.default is dataclasses.MISSING}
+    bad, missing = sorted(set(raw) - names), sorted(required - set(raw))
+    if bad or missing:
+        what = (bad or missing)[0]
+        raise ModelError(
+            f"{key}.{what}",
+            f"{where}: {'unknown' if bad else 'missing'} key '{what}'; {cls.__name__} fields are "
+            f"{', '.join(sorted(names))}",
+        )
+    return cls(**raw)
 
 
 def spec_from_mapping(name: str, entry: dict[str, Any], *, where: str) -> ModelSpec:
@@ -41,33 +62,8 @@ def spec_from_mapping(name: str, entry: dict[str, Any], *, where: str) -> ModelS
             unknown[0],
             f"{where}: unknown key '{unknown[0]}'; ModelSpec fields are {', '.join(sorted(_SPEC_FIELDS))}",
         )
-    moe_entry = entry.pop("moe", None)
-    moe: MoESpec | None = None
-    if moe_entry is not None:
-        if not isinstance(moe_entry, dict):
-            raise ModelError("moe", f"{where}: 'moe' must be a table of MoESpec fields")
-        bad = sorted(set(moe_entry) - _MOE_FIELDS)
-        if bad:
-            raise ModelError(
-                f"moe.{bad[0]}",
-                f"{where}: unknown key '{bad[0]}'; MoESpec fields are {', '.join(sorted(_MOE_FIELDS))}",
-            )
-        moe = MoESpec(**moe_entry)
-    mla_entry = entry.pop("mla", None)
-    mla: MLASpec | None = None
-    if mla_entry is not None:
-        if not isinstance(mla_entry, dict):
-            raise ModelError("mla", f"{where}: 'mla' must be a table of MLASpec fields")
-        bad = sorted(set(mla_entry) - _MLA_FIELDS)
-        missing = sorted(_MLA_FIELDS - set(mla_entry))
-        if bad or missing:
-            key = (bad or missing)[0]
-            raise ModelError(
-                f"mla.{key}",
-                f"{where}: {'unknown' if bad else 'missing'} key '{key}'; MLASpec fields are "
-                f"{', '.join(sorted(_MLA_FIELDS))}",
-            )
-        mla = MLASpec(**mla_entry)
+    moe = _sub_spec(entry, "moe", MoESpec, where)
+    mla = _sub_spec(entry, "mla", MLASpec, where)
     for key in ("notes", "approximations"):
         if key in entry:
             if not isinstance(entry[key], list):
