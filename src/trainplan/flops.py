@@ -1118,11 +1118,13 @@ def _head_passes(
     s = float(recipe.seq_len)
     e = BYTES_PER_ELEMENT[recipe.weight_dtype]
     tpcp = split.sharded
-    heads = 1.0 + recipe.mtp_layers
-    logits = heads * logits_forward_flops(spec, b, s) / tpcp
-    eh = mtp_head_flops(spec, recipe, b) / tpcp
-    ce = heads * logits_memory_bytes(spec, b, s, dtype_bytes=e) / tpcp
-    ce += recipe.mtp_layers * _embedding_bytes(spec, recipe, b, split)
+    logits = logits_forward_flops(spec, b, s) / tpcp
+    ce = logits_memory_bytes(spec, b, s, dtype_bytes=e) / tpcp
+    eh = 0.0
+    if recipe.mtp_layers:
+        heads = 1.0 + recipe.mtp_layers
+        logits, ce = heads * logits, heads * ce + recipe.mtp_layers * _embedding_bytes(spec, recipe, b, split)
+        eh = mtp_head_flops(spec, recipe, b) / tpcp
     bwd_factor = 1.0 if recipe.is_peft else 2.0  # PEFT: the LM head is frozen
     forward = PassCost(gemm_flops=logits + eh, memory_bytes=ce, hp_gemm_flops=logits)
     backward = PassCost(

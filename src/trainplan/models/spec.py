@@ -351,7 +351,15 @@ class ModelSpec:
 
     def attention_weights(self, split: str | None = None) -> int:
         """Σ n_in·n_out of :attr:`attention_projections` (of one ``split`` kind, or all)."""
-        return sum(p.n_in * p.n_out for p in self.attention_projections if split in (None, p.split))
+        return self._attention_weight_sums[split]
+
+    @functools.cached_property
+    def _attention_weight_sums(self) -> dict[str | None, int]:
+        sums: dict[str | None, int] = {None: 0, "column": 0, "row": 0, "replicated": 0}
+        for p in self.attention_projections:
+            sums[None] += p.n_in * p.n_out
+            sums[p.split] += p.n_in * p.n_out
+        return sums
 
     @property
     def gated(self) -> bool:
