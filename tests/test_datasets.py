@@ -513,6 +513,7 @@ def test_recipe_columns_default_where_absent() -> None:
             only_comm = RecipeFlags(
                 tp_comm_overlap=f.tp_comm_overlap,
                 pp_comm_overlap=f.pp_comm_overlap,
+                ep_comm_overlap=f.ep_comm_overlap,
                 zero3_per_parameter=f.zero3_per_parameter,
                 grad_accumulation=f.grad_accumulation,
                 recompute_early_stop=f.recompute_early_stop,

@@ -46,6 +46,7 @@ SWITCHES = {
     "--no-overlap-p2p-communication", "--use-distributed-optimizer", "--use-megatron-fsdp",
     "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--no-gradient-accumulation-fusion",
     "--bf16", "--fp16", "--optimizer-cpu-offload", "--mock-data", "--multi-latent-attention",
+    "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
 }  # fmt: skip
 CHOICES = {
     "--normalization": {"LayerNorm", "RMSNorm"},

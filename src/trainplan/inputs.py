@@ -314,6 +314,13 @@ LAYOUT_OPTION_FIELDS: Final = (
         "layout",
         "overlap pipeline sends with other micro-batches' compute (Megatron-Core overlap_p2p_comm)",
     ),
+    _switch(
+        "ep_comm_overlap",
+        "layout",
+        "overlap one micro-batch's expert all-to-alls with another's compute (Megatron-Core "
+        "--overlap-moe-expert-parallel-comm with --delay-wgrad-compute; needs --ep, an interleaved "
+        "pipeline or none, and no full recompute)",
+    ),
     Field(
         name="zero3_granularity",
         group="layout",
@@ -1587,6 +1594,9 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
     for name in ("tp_comm_overlap", "pp_comm_overlap", "zero3_granularity"):
         if name in explicit:
             applied[name] = getattr(options, name)
+    applied["ep_comm_overlap"] = (
+        options.ep_comm_overlap
+    )  # given by flag: as given, refused where it cannot apply
     layout = Layout.for_devices(
         values["devices"],
         tp=values["tp"],
@@ -1617,6 +1627,7 @@ def build_layout_options(values: Mapping[str, Any]) -> LayoutOptions:
         pp_comm_overlap_schedules=("interleaved",) if pp_overlap == "interleaved" else PIPELINE_SCHEDULES,
         zero3_granularity=v["zero3_granularity"],  # type: ignore[arg-type]
         grad_accumulation=v["grad_accumulation"],  # type: ignore[arg-type]
+        ep_comm_overlap=bool(values.get("ep_comm_overlap", False)),
     )
 
 

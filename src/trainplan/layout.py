@@ -77,12 +77,14 @@ class LayoutOptions:
     choice (or the default, and says so) to every candidate where the option means something.
 
     ``tp_comm_overlap`` applies to the candidates with sequence parallelism, ``pp_comm_overlap``
-    to those with a pipeline, ``zero3_granularity`` to those with ZeRO-3 (:meth:`for_candidate`);
-    the others to all."""
+    to those with a pipeline, ``zero3_granularity`` to those with ZeRO-3, ``ep_comm_overlap`` to
+    those with expert parallelism, no pipeline or an interleaved one, and no full recompute
+    (:meth:`for_candidate`); the others to all."""
 
     overlap_grad_reduce: bool = True
     tp_comm_overlap: bool = False
     pp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False
     zero3_granularity: Zero3Granularity = "block"
     grad_accumulation: GradAccumulation = "fused"
     pp_comm_overlap_schedules: tuple[PipelineSchedule, ...] = PIPELINE_SCHEDULES
@@ -93,20 +95,31 @@ class LayoutOptions:
     def __post_init__(self) -> None:
         # The same checks as a Layout's, on a layout where every option applies.
         Layout(
-            dp=1,
+            dp=2,
             tp=2,
             pp=2,
+            ep=2,
             zero=3,
             sequence_parallel=True,
+            pp_schedule="interleaved",
+            virtual_stages=2,
             overlap_grad_reduce=self.overlap_grad_reduce,
             tp_comm_overlap=self.tp_comm_overlap,
             pp_comm_overlap=self.pp_comm_overlap,
+            ep_comm_overlap=self.ep_comm_overlap,
             zero3_granularity=self.zero3_granularity,
             grad_accumulation=self.grad_accumulation,
         )
 
     def for_candidate(
-        self, *, sequence_parallel: bool, pp: int, zero: int, pp_schedule: str = "1f1b"
+        self,
+        *,
+        sequence_parallel: bool,
+        pp: int,
+        zero: int,
+        pp_schedule: str = "1f1b",
+        ep: int = 1,
+        recompute: str = "none",
     ) -> dict[str, object]:
         """The Layout keyword arguments of these options on one candidate."""
         return {
@@ -115,6 +128,7 @@ class LayoutOptions:
             "pp_comm_overlap": self.pp_comm_overlap
             and pp > 1
             and pp_schedule in self.pp_comm_overlap_schedules,
+            "ep_comm_overlap": self.ep_comm_overlap and ep_overlap_applies(ep, pp, pp_schedule, recompute),
             "zero3_granularity": self.zero3_granularity if zero == 3 else "block",
             "grad_accumulation": self.grad_accumulation,
         }
@@ -127,6 +141,7 @@ class LayoutOptions:
                 "overlap_grad_reduce",
                 "tp_comm_overlap",
                 "pp_comm_overlap",
+                "ep_comm_overlap",
                 "zero3_granularity",
                 "grad_accumulation",
             )
@@ -144,9 +159,17 @@ class LayoutOptions:
             overlap_grad_reduce=layout.overlap_grad_reduce,
             tp_comm_overlap=layout.tp_comm_overlap,
             pp_comm_overlap=layout.pp_comm_overlap,
+            ep_comm_overlap=layout.ep_comm_overlap,
             zero3_granularity=layout.zero3_granularity,
             grad_accumulation=layout.grad_accumulation,
         )
+
+
+def ep_overlap_applies(ep: int, pp: int, pp_schedule: str, recompute: str) -> bool:
+    """Where Megatron-Core accepts ``overlap_moe_expert_parallel_comm`` (transformer_config.py at
+    core_r0.14.0 L1298-1337): expert parallelism, no pipeline or an interleaved one (virtual
+    stages required with pp > 1), and no full recompute."""
+    return ep > 1 and (pp == 1 or pp_schedule == "interleaved") and recompute != "full"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +186,11 @@ class Layout:
     overlap_grad_reduce: bool = True  # bucketed gradient reduction overlapped with backward
     tp_comm_overlap: bool = False  # sequence-parallel collectives overlapped with the linear GEMMs
     pp_comm_overlap: bool = False  # pipeline sends overlapped with other micro-batches' compute
+    ep_comm_overlap: bool = False
+    """Expert all-to-alls of one micro-batch overlapped with another micro-batch's compute:
+    Megatron-Core ``overlap_moe_expert_parallel_comm`` (with ``delay_wgrad_compute``), the combined
+    1F1B schedules of megatron/core/pipeline_parallel/combined_1f1b.py, which run one micro-batch's
+    forward beside another's backward (:func:`trainplan.timing.exposed_ep_s`)."""
     zero3_granularity: Zero3Granularity = "block"  # see ZERO3_GRANULARITIES
     grad_accumulation: GradAccumulation = "fused"  # see GRAD_ACCUMULATIONS
     pp_split_embedding: bool = False  # the embedding takes one layer's place in the pipeline split
@@ -179,7 +207,13 @@ class Layout:
             error=LayoutError,
             what="devices",
         )
-        for name in ("sequence_parallel", "overlap_grad_reduce", "tp_comm_overlap", "pp_comm_overlap"):
+        for name in (
+            "sequence_parallel",
+            "overlap_grad_reduce",
+            "tp_comm_overlap",
+            "pp_comm_overlap",
+            "ep_comm_overlap",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise LayoutError(name, f"must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.zero, bool) or not isinstance(self.zero, int) or self.zero not in ZERO_STAGES:
@@ -226,6 +260,13 @@ class Layout:
                 )
         if self.pp_comm_overlap and self.pp == 1:
             raise LayoutError("pp_comm_overlap", "pipeline communication overlap needs pp > 1")
+        if self.ep_comm_overlap and not ep_overlap_applies(self.ep, self.pp, self.pp_schedule, "none"):
+            raise LayoutError(
+                "ep_comm_overlap",
+                "expert all-to-all overlap needs expert parallelism (--ep N) and, with a pipeline, the "
+                "interleaved schedule (Megatron-Core requires virtual stages); drop --ep-comm-overlap or "
+                "add --ep / --pp-schedule interleaved",
+            )
         if self.virtual_stages > 1 and self.pp_schedule != "interleaved":
             raise LayoutError(
                 "virtual_stages", f"virtual_stages={self.virtual_stages} needs --pp-schedule interleaved"
@@ -267,6 +308,7 @@ class Layout:
         grad_accumulation: GradAccumulation = "fused",
         pp_split_embedding: bool = False,
         pp_split_head: bool = False,
+        ep_comm_overlap: bool = False,
     ) -> Layout:
         """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
         check_int("devices", devices, high=MAX_DEVICES, error=LayoutError, what="devices")
@@ -296,6 +338,7 @@ class Layout:
             grad_accumulation=grad_accumulation,
             pp_split_embedding=pp_split_embedding,
             pp_split_head=pp_split_head,
+            ep_comm_overlap=ep_comm_overlap,
         )
 
     @property
@@ -381,7 +424,7 @@ class Layout:
         if self.cp > 1:
             parts.append(f"cp={self.cp}")
         if self.ep > 1:
-            parts.append(f"ep={self.ep}")
+            parts.append(f"ep={self.ep}" + ("+a2a-overlap" if self.ep_comm_overlap else ""))
         parts.append(f"zero={self.zero}")
         if self.zero3_granularity != "block":
             parts.append(f"per-{self.zero3_granularity} gathers")

@@ -935,13 +935,24 @@ def inflight_microbatches(layout: Layout, stage: int, num_microbatches: int) -> 
 def held_microbatches(layout: Layout, stage: int) -> float:
     """The schedule's peak count of :func:`inflight_microbatches` before the cap by the step's
     micro-batches: 1 without a pipeline, ``pp − i`` (1F1B, ZB-H1), ``(pp − i)·(1 + (pp−1)/(pp·v))``
-    (interleaved)."""
+    (interleaved). With EP overlap (``Layout.ep_comm_overlap``) the combined 1F1B schedule runs one
+    more forward before its first backward (a whole micro-batch without a pipeline, one model
+    chunk, 1/v of one, with the interleaved schedule: Megatron-Core schedules.py at core_r0.14.0
+    L735-739), whose activations are held too."""
     pp = layout.pp
+    extra = ep_overlap_extra_microbatches(pp, layout.virtual_stages) if layout.ep_comm_overlap else 0.0
     if pp == 1:
-        return 1.0
+        return 1.0 + extra
     if layout.pp_schedule == "interleaved":
-        return (pp - stage) * (1 + (pp - 1) / (pp * layout.virtual_stages))
+        return (pp - stage) * (1 + (pp - 1) / (pp * layout.virtual_stages)) + extra
     return float(pp - stage)
+
+
+def ep_overlap_extra_microbatches(pp: int, virtual_stages: int) -> float:
+    """Micro-batches' worth of activations EP overlap's extra warmup forward holds
+    (:func:`held_microbatches`): one micro-batch without a pipeline, one chunk (1/v) with the
+    interleaved schedule."""
+    return 1.0 if pp == 1 else 1.0 / virtual_stages
 
 
 def capped_inflight(held: Num, num_microbatches: Int) -> Num:

@@ -221,6 +221,7 @@ def layout_to_dict(layout: Layout) -> dict[str, object]:
         "overlap_grad_reduce": layout.overlap_grad_reduce,
         "tp_comm_overlap": layout.tp_comm_overlap,
         "pp_comm_overlap": layout.pp_comm_overlap,
+        "ep_comm_overlap": layout.ep_comm_overlap,
         "zero3_granularity": layout.zero3_granularity,
         "grad_accumulation": layout.grad_accumulation,
         "pp_split_embedding": layout.pp_split_embedding,

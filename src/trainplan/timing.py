@@ -59,6 +59,7 @@ from trainplan.attention import AttentionEfficiency, attention_efficiency
 from trainplan.comm import Collective, group_placement, step_collectives
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency
+from trainplan.errors import LayoutError
 from trainplan.flops import (
     DROPLESS,
     MoEGemmRouting,
@@ -76,7 +77,7 @@ from trainplan.layout import Layout
 from trainplan.memory import MemoryBreakdown, memory_breakdown
 from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
-from trainplan.num import Bool, Int, Num, all_true, as_float, maximum, total, where
+from trainplan.num import Bool, Int, Num, all_true, as_float, maximum, minimum, total, where
 from trainplan.recipe import OFFLOADS, Recipe, fp32_main_grad, reruns_forward_hooks
 from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
 
@@ -582,6 +583,8 @@ class StepInputs:
     tp_comm_overlap: Bool = False  # per candidate: only where sequence parallelism is on
     pp_comm_overlap: Bool = False  # per candidate: only on the schedules the engine overlaps
     overlap_grad_reduce: bool = True
+    ep_comm_overlap: Bool = False  # per candidate: where Megatron-Core accepts it (layout.ep_overlap_applies)
+    ep_unpaired: Num = 1.0  # :func:`ep_overlap_unpaired_fraction`
 
 
 DATA_PARALLEL_GROUPS: Final = ("dp", "shard", "expert_dp")
@@ -631,6 +634,37 @@ def exposed_tp_s(x: StepInputs) -> Num:
     mf = as_float(x.micro_batches)
     gemm = {"forward": mf * x.gemm_f, "backward": mf * x.gemm_b, "recompute": mf * x.gemm_r}
     return where(x.tp_comm_overlap, overlapped_tp_s(tp, gemm), plain)
+
+
+def ep_overlap_unpaired_fraction(pp: Int, virtual_stages: Int, micro_batches: Int) -> Num:
+    """Share of a stage's expert all-to-alls that EP overlap (``Layout.ep_comm_overlap``) leaves
+    without a partner pass of the other direction to hide behind.
+
+    Megatron-Core's combined 1F1B schedules (megatron/core/pipeline_parallel/combined_1f1b.py at
+    core_r0.14.0) run one micro-batch's forward beside another's backward: without a pipeline the
+    first forward and the last backward run alone, 1/m of each. With the interleaved schedule the
+    first stage's warmup, ``W = 2·(p − 1) + (v − 1)·p + 1`` model chunks (schedules.py
+    ``get_pp_rank_microbatches`` L733-739: group size p, one more chunk with the overlap), runs
+    its forwards alone and as many backwards drain alone: ``W / (m·v)`` of each, at most 1. The
+    first stage's warmup is the longest; it is charged to the busiest stage."""
+    m = as_float(micro_batches)
+    chunks = m * virtual_stages
+    warm = 2.0 * (pp - 1) + (virtual_stages - 1) * pp + 1.0
+    return where(pp == 1, 1.0 / m, minimum(1.0, warm / chunks))
+
+
+def exposed_ep_s(x: StepInputs) -> Num:
+    """Expert all-to-alls on the critical path. With ``ep_comm_overlap`` the paired share of them,
+    ``1 − u`` (:func:`ep_overlap_unpaired_fraction`), runs beside the other micro-batch's compute
+    (its attention and MLP GEMMs, Megatron-Core's ``ScheduleNode`` streams), so only what exceeds
+    that compute shows; the unpaired share ``u`` stays exposed."""
+    ep = total(c.time_s for c in x.collectives if c.group == "ep")
+    if x.ep_comm_overlap is False:
+        return ep
+    u = x.ep_unpaired
+    compute = as_float(x.micro_batches) * (x.t_f + x.t_b + x.t_r)
+    overlapped = u * ep + (1.0 - u) * maximum(0.0, ep - compute)
+    return where(x.ep_comm_overlap, overlapped, ep)
 
 
 def pp_p2p_s(x: StepInputs) -> Num:
@@ -700,7 +734,7 @@ def step_terms(x: StepInputs) -> dict[str, Num]:
     in the registry's order, and ``compute_s``."""
     mf = as_float(x.micro_batches)
     tp_s = exposed_tp_s(x)
-    ep_s = total(c.time_s for c in x.collectives if c.group == "ep")
+    ep_s = exposed_ep_s(x)
     pp_s = pp_p2p_s(x)
     optimizer_s, offload_s = optimizer_offload_s(x)
     out: dict[str, Num] = {
@@ -766,6 +800,13 @@ def step_time(
     the calibrated value of the device's generation, or 1 (uncalibrated, noted) when there is none.
     """
     acc = system.accelerator
+    if layout.ep_comm_overlap and recipe.recompute == "full":
+        raise LayoutError(
+            "ep_comm_overlap",
+            "Megatron-Core refuses expert all-to-all overlap with full recompute "
+            "(transformer_config.py: 'disable full recomputation when enabling "
+            "overlap_moe_expert_parallel_comm'); use --recompute selective or none, or drop --ep-comm-overlap",
+        )
     notes: list[str] = list(model.approximations)
     if kappa is None:
         cal = calibrated_kappa(acc.name, recipe.stack)
@@ -887,6 +928,8 @@ def step_time(
         tp_comm_overlap=layout.tp_comm_overlap,
         pp_comm_overlap=layout.pp_comm_overlap,
         overlap_grad_reduce=layout.overlap_grad_reduce,
+        ep_comm_overlap=layout.ep_comm_overlap,
+        ep_unpaired=ep_overlap_unpaired_fraction(layout.pp, layout.virtual_stages, m),
     )
     terms = step_terms(x)
     return TimeBreakdown(

@@ -137,6 +137,12 @@ def export_plan(
             f"{target} cannot express multi-token prediction modules; export to megatron (--mtp-num-layers), "
             "or plan without --mtp-layers",
         )
+    if layout.ep_comm_overlap and target not in ("megatron", "nemo"):
+        raise TrainplanError(
+            "ep_comm_overlap",
+            f"{target} cannot express Megatron-Core's expert all-to-all overlap; export to megatron or nemo, "
+            "or plan without --ep-comm-overlap",
+        )
     if recipe.recompute_modules is not None and target not in ("megatron", "nemo"):
         raise TrainplanError(
             "recompute_modules",

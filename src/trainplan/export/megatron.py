@@ -19,7 +19,8 @@ tests/test_export_megatron.py pins the set and parses the list back):
   optim_grads`` / ``optim_grads_params`` (ZeRO-2 / ZeRO-3, with ``--no-gradient-accumulation-fusion``
   and ``--ckpt-format fsdp_dtensor`` as its documentation asks);
 * overlap: ``--overlap-grad-reduce`` (and ``--overlap-param-gather`` with a sharded optimizer),
-  ``--tp-comm-overlap``, ``--no-overlap-p2p-communication`` on an interleaved schedule without it;
+  ``--tp-comm-overlap``, ``--no-overlap-p2p-communication`` on an interleaved schedule without it,
+  ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``;
 * batch and length: ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``,
   ``--max-position-embeddings``, ``--train-iters`` and ``--lr-decay-iters`` from ``--tokens``;
 * recipe: ``--bf16`` / ``--fp16``, ``--fp8-format hybrid``, ``--fp4-format e2m1``,
@@ -242,6 +243,9 @@ def _parallel_args(model: ModelSpec, layout: Layout, target: str = TARGET) -> li
             "pipeline overlap without the interleaved schedule (arguments.py turns it off)",
             "plan with --pp-schedule interleaved, or --no-pp-comm-overlap",
         )
+    if layout.ep_comm_overlap:
+        # arguments.py _add_moe_args: batch-level overlap of the EP all-to-alls in the 1F1B stage
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if layout.zero == 1:
         args.append("--use-distributed-optimizer")
     elif layout.zero in (2, 3):

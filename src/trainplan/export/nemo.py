@@ -154,6 +154,9 @@ def _model(model: ModelSpec, recipe: Recipe, layout: Layout) -> dict[str, object
         out["ffn_hidden_size"] = model.ffn_hidden
     if recipe.recompute_modules is not None:
         out["recompute_modules"] = list(recipe.recompute_modules)
+    if layout.ep_comm_overlap:
+        out["overlap_moe_expert_parallel_comm"] = True
+        out["delay_wgrad_compute"] = True
     if recipe.recompute == "full":
         out["recompute_method"] = "uniform"
         out["recompute_num_layers"] = 1

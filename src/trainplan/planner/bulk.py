@@ -92,6 +92,7 @@ from trainplan.layout import (
     Layout,
     LayoutOptions,
     PipelineSchedule,
+    ep_overlap_applies,
     nearest_micro_batches,
 )
 from trainplan.memory import (
@@ -103,6 +104,7 @@ from trainplan.memory import (
     block_input_bytes,
     capped_inflight,
     check_memory_margin,
+    ep_overlap_extra_microbatches,
     grads_live_at_backward_start,
     held_microbatches,
     host_fits,
@@ -135,6 +137,7 @@ from trainplan.timing import (
     attention_etas,
     bubble_divisor,
     calibrated_kappa,
+    ep_overlap_unpaired_fraction,
     flops_utilisation,
     grad_accumulation_bytes_n,
     recipe_peaks,
@@ -205,6 +208,8 @@ class Core:
                     pp=self.pp,
                     zero=zero,
                     pp_schedule=self.pp_schedule,
+                    ep=self.ep,
+                    recompute=self.recompute,
                 ),
             ),
         )
@@ -953,7 +958,8 @@ class BulkEvaluator:
                     one = ones[okey] = stage_activations(model, recipe, layout, stage, 1, blocks=blocks)
                 hd = held_microbatches(layout, stage)
                 # saved bytes are affine in the in-flight count: one micro-batch plus the slope
-                slope = one.per_microbatch_bytes if hd > 1.0 else 0.0
+                # (EP overlap can hold one more micro-batch than the schedule: the slope is kept)
+                slope = one.per_microbatch_bytes
                 a_tab[j, k] = (
                     one.total_bytes,
                     slope,
@@ -980,6 +986,18 @@ class BulkEvaluator:
             block_later,
             loss_f_tab,
         ) = (np.ascontiguousarray(acts[:, :, q]) for q in range(10))
+        # LayoutOptions.for_candidate / layout.ep_overlap_applies: where EP overlap applies, and
+        # the micro-batch (chunk) more it holds (memory.held_microbatches)
+        self._c_ep_overlap = np.array(
+            [
+                self.options.ep_comm_overlap and ep_overlap_applies(c.ep, c.pp, c.pp_schedule, c.recompute)
+                for c in cores
+            ],
+            dtype=bool,
+        )
+        if self._c_ep_overlap.any():
+            extra = np.array([ep_overlap_extra_microbatches(c.pp, c.virtual_stages) for c in cores])
+            held = held + np.where(self._c_ep_overlap, extra, 0.0)[:, None]
         # per (core, ZeRO stage) = core·4 + zero: its row of the state table
         cz = (s_of_core[:, None] * 4 + np.arange(4)).reshape(-1)
         flat = s_tab.reshape(-1, 2, 2 * nf + 2)
@@ -1806,6 +1824,8 @@ class BulkEvaluator:
             tp_comm_overlap=opts.tp_comm_overlap and self._c_sp[core],
             pp_comm_overlap=opts.pp_comm_overlap & self._c_pp_overlap_sched[core],
             overlap_grad_reduce=opts.overlap_grad_reduce,
+            ep_comm_overlap=self._c_ep_overlap[core] if opts.ep_comm_overlap else False,
+            ep_unpaired=ep_overlap_unpaired_fraction(pp, self._c_int["virtual_stages"][core], m),
         )
         if bound_only:
             return {"bound": np.asarray(step_lower_bound_s(x))}

@@ -1038,7 +1038,7 @@ def plan(
         )
     notes.append(
         "not searched, applied to every candidate where it applies: overlap_grad_reduce, "
-        "tp_comm_overlap, pp_comm_overlap, zero3_granularity, grad_accumulation "
+        "tp_comm_overlap, pp_comm_overlap, ep_comm_overlap, zero3_granularity, grad_accumulation "
         f"({space.layout_options.describe()})"
     )
     if base.moe_capacity_factor is not None:

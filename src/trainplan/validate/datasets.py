@@ -114,6 +114,7 @@ RECIPE_SWITCHES: Final = (
     "packed",
     "tp_comm_overlap",
     "pp_comm_overlap",
+    "ep_comm_overlap",
     "zero3_per_parameter",
     "recompute_early_stop",
     "pp_split_embedding",
@@ -154,6 +155,8 @@ class RecipeFlags:
                                ``tp_comm_overlap`` active, torchtitan async TP) → ``Layout.tp_comm_overlap``
         pp_comm_overlap        pipeline sends overlapped with compute (Megatron-Core
                                ``overlap_p2p_comm``) → ``Layout.pp_comm_overlap``
+        ep_comm_overlap        expert all-to-alls overlapped with another micro-batch's compute
+                               (``overlap_moe_expert_parallel_comm``) → ``Layout.ep_comm_overlap``
         zero3_per_parameter    ZeRO-3 gathering parameter by parameter, each gather waited on
                                (DeepSpeed ZeRO-3 as of 2021) → ``Layout.zero3_granularity``
         recompute_early_stop   full recompute by PyTorch's non-reentrant checkpoint with early stop
@@ -185,6 +188,7 @@ class RecipeFlags:
     packed: bool = False
     tp_comm_overlap: bool = False
     pp_comm_overlap: bool = False
+    ep_comm_overlap: bool = False
     zero3_per_parameter: bool = False
     recompute_early_stop: bool = False
     pp_split_embedding: bool = False
@@ -698,6 +702,7 @@ class _Cells:
             packed="packed" in switches,
             tp_comm_overlap="tp_comm_overlap" in switches,
             pp_comm_overlap="pp_comm_overlap" in switches,
+            ep_comm_overlap="ep_comm_overlap" in switches,
             zero3_per_parameter="zero3_per_parameter" in switches,
             recompute_early_stop="recompute_early_stop" in switches,
             pp_split_embedding="pp_split_embedding" in switches,

@@ -247,6 +247,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         overlap_grad_reduce=overlap_grad_reduce,
         tp_comm_overlap=flags.tp_comm_overlap,
         pp_comm_overlap=flags.pp_comm_overlap,
+        ep_comm_overlap=flags.ep_comm_overlap,
         zero3_granularity="parameter" if flags.zero3_per_parameter else "block",
         grad_accumulation=flags.grad_accumulation or "fused",  # type: ignore[arg-type]
         pp_split_embedding=flags.pp_split_embedding,
