@@ -153,8 +153,13 @@ def test_per_device_parameters_add_up_over_pipeline_and_expert_ranks() -> None:
 
 
 def test_refusals_name_the_reason() -> None:
-    with pytest.raises(LayoutError, match="latent attention"):
-        Layout(dp=4, tp=2).check_model(V3)
+    with pytest.raises(LayoutError, match="megatron stack"):
+        estimate(
+            System(accelerator=get_accelerator("h100-sxm"), num_devices=8),
+            LITE,
+            Recipe(global_batch=8, stack="pytorch"),
+            Layout(dp=4, tp=2),
+        )
     with pytest.raises(RecipeError, match="latent attention"):
         check_model_recipe(V3, Recipe(method="grpo"))
     with pytest.raises(TrainplanError, match="latent attention"):
@@ -179,15 +184,33 @@ def test_refusals_name_the_reason() -> None:
         )  # fmt: skip
 
 
-def test_planner_searches_without_tensor_parallelism_and_says_so() -> None:
+def test_tensor_parallel_collectives_carry_the_latents() -> None:
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=8)
+    recipe = Recipe(seq_len=4096, micro_batch=1, global_batch=8)
+    est = estimate(system, V3, recipe, Layout(dp=4, tp=2, ep=4, sequence_parallel=True, zero=1))
+    by_name = {c.name: c.buffer_bytes for c in est.time.collectives if c.group == "tp"}
+    act = 1 * 4096 * H * 2  # b·s·h·e
+    f = (RQ + RKV + DR) / H  # the gathered query latent, key/value latent and rotary key
+    assert by_name["tp_forward_all_gather"] == pytest.approx(act * (1 + f) / 2)
+    assert by_name["tp_forward_reduce_scatter"] == pytest.approx(act)  # leaving a region: h
+    assert by_name["tp_backward_reduce_scatter"] == pytest.approx(act * (1 + f) / 2)
+    assert by_name["tp_backward_all_gather"] == pytest.approx(act)
+    dense = estimate(
+        system, load_model("qwen3-30b-a3b"), recipe, Layout(dp=4, tp=2, ep=4, sequence_parallel=True, zero=1)
+    )
+    assert {c.buffer_bytes for c in dense.time.collectives if c.name.startswith("tp_forward_")} == {
+        1 * 4096 * 2048 * 2.0
+    }
+
+
+def test_planner_searches_tensor_parallelism_on_the_megatron_stack() -> None:
     result = plan(
         LITE,
         Recipe(method="full", global_batch=64, tokens=1e9),
         [get_accelerator("h100-sxm")],
         space=SearchSpace(device_counts=(8,)),
     )
-    assert result.plans and all(p.estimate.layout.tp == 1 for p in result.plans)
-    assert any("latent attention" in n and "tp > 1" in n for n in result.notes)
+    assert result.plans
     best = result.plans[0].estimate
     again = estimate(best.system, LITE, best.recipe, best.layout)
     assert again.time.step_s == pytest.approx(best.time.step_s, rel=1e-12)

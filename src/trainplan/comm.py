@@ -1006,6 +1006,7 @@ def tensor_parallel_traffic(
     recompute_full: Bool,
     overlap: Overlap = "none",
     recompute_skipped_reductions: Int = 0,
+    entry_fraction: Num = 1.0,
 ) -> tuple[Traffic, ...]:
     """Tensor-parallel activation collectives of the layers on one device per step.
 
@@ -1025,16 +1026,31 @@ def tensor_parallel_traffic(
     4.2.2). Megatron issues it asynchronously beside the input-gradient GEMM, yet their Table 4
     shows sequence parallelism saving 0.5 ms of a 7.7 ms forward but only 0.1 ms of an 11.9 ms
     backward: the re-gather is paid.
+
+    ``entry_fraction`` (:func:`tp_entry_fraction`): the width of the attention region's entry
+    collectives over h. The entry side of both regions (forward and recompute all-gather,
+    backward reduce-scatter and re-gather under SP; backward all-reduce without it) then carries
+    ``(1 + entry_fraction) / 2`` of the activation bytes per call (the two regions' calls
+    averaged: the ring time is affine in the bytes, so the sum is the same); the exit side
+    (the reductions after the row-parallel layers) carries h.
     """
     per_pass = 2 * layers * micro_batches
     sp = sequence_parallel
+    entry_width = (1.0 + entry_fraction) / 2.0  # averaged over the attention and MLP regions
     out: list[Traffic] = []
     for phase in ("forward", "backward", "recompute"):
         ph: Phase = phase
         on: Bool = recompute_full if phase == "recompute" else True
         closing = per_pass - (recompute_skipped_reductions * micro_batches if phase == "recompute" else 0)
 
-        def tp(name: str, kind: CollectiveKind, calls: Num, src: str = _TP_SRC, ph: Phase = ph) -> None:
+        def tp(
+            name: str,
+            kind: CollectiveKind,
+            calls: Num,
+            src: str = _TP_SRC,
+            ph: Phase = ph,
+            entry: bool = False,
+        ) -> None:
             if _never(calls):
                 return
             out.append(
@@ -1044,17 +1060,19 @@ def tensor_parallel_traffic(
                     group="tp",
                     overlap=overlap,
                     source=src,
-                    buffer_bytes=activation_bytes,
+                    buffer_bytes=activation_bytes * entry_width if entry else activation_bytes,
                     calls=calls,
                     phase=ph,
                 )
             )
 
-        tp(f"{phase}_all_gather", "all_gather", where(on & sp, per_pass, 0))
-        tp(f"{phase}_reduce_scatter", "reduce_scatter", where(on & sp, closing, 0))
-        if phase == "backward":
-            tp("backward_input_regather", "all_gather", where(sp, per_pass, 0), _TP_REGATHER_SRC)
-        tp(f"{phase}_all_reduce", "all_reduce", where(on & logical_not(sp), closing, 0))
+        bwd = phase == "backward"
+        # forward: the all-gather enters a region, the reduction leaves it; backward the mirror
+        tp(f"{phase}_all_gather", "all_gather", where(on & sp, per_pass, 0), entry=not bwd)
+        tp(f"{phase}_reduce_scatter", "reduce_scatter", where(on & sp, closing, 0), entry=bwd)
+        if bwd:
+            tp("backward_input_regather", "all_gather", where(sp, per_pass, 0), _TP_REGATHER_SRC, entry=True)
+        tp(f"{phase}_all_reduce", "all_reduce", where(on & logical_not(sp), closing, 0), entry=bwd)
     return tuple(out)
 
 
@@ -1081,6 +1099,22 @@ def tensor_parallel_collectives(
         recompute_skipped_reductions=recompute_skipped_reductions,
     )
     return timed_collectives(traffic, network, {"tp": tp})
+
+
+def tp_entry_fraction(spec: ModelSpec) -> float:
+    """Width of the attention region's tensor-parallel entry collectives over h: 1, or with MLA
+    ``(q_in + r_kv + d_r) / h``. Megatron-Core ``MLASelfAttention`` (multi_latent_attention.py,
+    ``get_query_key_value_tensors``) runs the replicated down projections on the local sequence
+    shard and gathers their outputs, the query latent (r_q; without query compression the hidden
+    state itself, h, for the column-parallel q), the key/value latent (r_kv) and the rotary key
+    (d_r), for the up projections; their gradients return the same way. The TP all-reduce of the
+    replicated down projections' weight gradients under SP (once per step, h·(r_q + r_kv + d_r)
+    per layer) is not counted."""
+    mla = spec.mla
+    if mla is None:
+        return 1.0
+    q_in = mla.q_lora_rank or spec.hidden_size
+    return (q_in + mla.kv_lora_rank + mla.qk_rope_head_dim) / spec.hidden_size
 
 
 def recompute_skipped_tp_reductions(spec: ModelSpec, recipe: Recipe, layers: int) -> int:
@@ -1418,6 +1452,7 @@ def step_traffic(
             sequence_parallel=x.sequence_parallel,
             recompute_full=x.recompute_full,
             recompute_skipped_reductions=x.skipped_reductions,
+            entry_fraction=tp_entry_fraction(spec),
         )
     if _may_span(pp):
         out += pipeline_traffic(

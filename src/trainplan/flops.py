@@ -186,6 +186,19 @@ def moe_gemm_routing(spec: ModelSpec, recipe: Recipe) -> MoEGemmRouting:
     return expert_slot_ratio(spec, recipe), shape
 
 
+def check_mla_layout(spec: ModelSpec, recipe: Recipe, layout: Layout) -> None:
+    """Multi-head latent attention under tensor parallelism is modelled as Megatron-Core builds
+    it (replicated down projections on the sequence shard, gathered latents:
+    ``comm.tp_entry_fraction``; the saved latents as Transformer Engine keeps them); the PyTorch
+    stacks' tensor-parallel plans for MLA differ by implementation and are refused."""
+    if spec.mla is not None and layout.tp > 1 and recipe.stack != "megatron":
+        raise LayoutError(
+            "tp",
+            f"tp={layout.tp} with multi-head latent attention ({spec.name}) is modelled on the megatron stack "
+            f"(Megatron-Core MLASelfAttention), not {recipe.stack}; use --stack megatron, or --tp 1",
+        )
+
+
 def check_moe_routing(recipe: Recipe, layout: Layout) -> None:
     """Refuse the layouts under which capacity-padded or einsum-dispatched routing is not
     modelled: the capacity is per whole sequence (MaxText's training groups), which context
@@ -1267,6 +1280,7 @@ def step_flops(
     whole = layout if layout is not None else Layout()
     check_layer_selective(recipe, whole)
     check_moe_routing(recipe, whole)
+    check_mla_layout(spec, recipe, whole)
     sequences = step_sequences(recipe, layout)
     b = float(sequences)
     split = _Split()
@@ -1412,6 +1426,7 @@ def device_flops(
         check_sac(spec, layout)
     check_layer_selective(recipe, layout)
     check_moe_routing(recipe, layout)
+    check_mla_layout(spec, recipe, layout)
     sequences = step_sequences(recipe, layout)
     per_step = layout.dp * recipe.micro_batch
     if sequences % per_step != 0:

@@ -354,14 +354,6 @@ class Layout:
         """Raise :class:`LayoutError` if the layout cannot split this model."""
         if model.num_heads % self.tp != 0:
             raise LayoutError("tp", f"tp={self.tp} does not divide {model.num_heads} attention heads")
-        if model.mla is not None and self.tp > 1:
-            raise LayoutError(
-                "tp",
-                f"tp={self.tp} with multi-head latent attention ({model.name}) is not modelled: its "
-                "tensor-parallel collectives carry the latents rather than the hidden state and its down "
-                "projections are replicated; use tp=1 with expert, pipeline and data parallelism (the "
-                "layout of DeepSeek-V3's own training and of Megatron-Bridge's DeepSeek-V3 recipes)",
-            )
         if model.num_kv_heads % self.tp != 0 and self.tp % model.num_kv_heads != 0:
             raise LayoutError(
                 "tp",

@@ -38,7 +38,13 @@ from typing import Any, Final, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import RecipeError, TrainplanError
-from trainplan.flops import check_layer_selective, check_moe_routing, expert_capacity, expert_slot_ratio
+from trainplan.flops import (
+    check_layer_selective,
+    check_mla_layout,
+    check_moe_routing,
+    expert_capacity,
+    expert_slot_ratio,
+)
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
@@ -1789,6 +1795,7 @@ def memory_breakdown(
         check_sac(model, layout)
     check_layer_selective(recipe, layout)
     check_moe_routing(recipe, layout)
+    check_mla_layout(model, recipe, layout)
     stages = candidate_stages(model, layout)
     host = (host_capacity_bytes_per_node, devices_on_node)
     check_memory_margin(memory_margin)

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
-from trainplan.flops import check_moe_routing
+from trainplan.flops import check_mla_layout, check_moe_routing
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.hardware.accelerator import Accelerator, CloudOffering
 from trainplan.hardware.prices import (
@@ -405,6 +405,7 @@ def enumerate_cores(
                                 lay.check_model(model)
                                 lay.check_batch(seq_len=seq, micro_batch=1, global_batch=None)
                                 check_moe_routing(base, lay)  # the scalar estimate raises it too
+                                check_mla_layout(model, base, lay)
                             except TrainplanError as err:
                                 invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
                                 continue
@@ -1053,11 +1054,6 @@ def plan(
         notes.append(
             f"not searched, as given: selective recompute of {', '.join(base.recompute_modules)} "
             "(other recompute choices left out)"
-        )
-    if model.mla is not None:
-        notes.append(
-            "not searched: tensor parallelism, which is not modelled for multi-head latent attention "
-            f"({invalid_cores.get('layout: tp', 0):,} layout(s) with tp > 1 left out)"
         )
     res = ev.evaluate(cand, prune_slower=True) if len(cand) else None
     if res is None:
