@@ -911,6 +911,7 @@ def _selective_recompute(
     attn_fwd: float,
     moe_layer: bool,
     split: _Split,
+    b: float,
 ) -> PassCost:
     """The forward work selective recompute repeats in one layer's backward, module by module
     (:attr:`trainplan.recipe.Recipe.recompute_modules`; Megatron-Core
@@ -936,7 +937,11 @@ def _selective_recompute(
         nbytes += fwd_mem.rotary / tpcp
     if "mlp" in mods and not moe_layer:
         gemm += fl.mlp / tpcp
-        nbytes += fwd_mem.activation / tpcp + fwd_mem.norms / (2 + (2 if spec.post_norms else 0)) / rep
+        # its activation and its pre-MLP norm (read and write of T·h: LayerMemoryTraffic.norms)
+        pre_mlp_norm = 2.0 * b * recipe.seq_len * spec.hidden_size * BYTES_PER_ELEMENT[recipe.weight_dtype]
+        if eager_kernels(recipe) and spec.norm == "rmsnorm":
+            pre_mlp_norm *= EAGER_RMSNORM_TRAFFIC
+        nbytes += fwd_mem.activation / tpcp + pre_mlp_norm / rep
     if "moe_act" in mods and moe_layer and spec.moe is not None:
         moe = spec.moe
         routed = expert_slot_ratio(spec, recipe) * moe.top_k * moe.expert_ffn_hidden
@@ -1042,7 +1047,7 @@ def _layer_passes(
     elif recipe.recompute == "full":
         recompute = forward
     elif recipe.recompute == "selective":
-        recompute = _selective_recompute(spec, recipe, fl, fwd_mem, attn_fwd, moe_layer, split)
+        recompute = _selective_recompute(spec, recipe, fl, fwd_mem, attn_fwd, moe_layer, split, b)
     elif recipe.recompute == "sac":
         sac = sac_recompute(spec, i, recipe, b, s)
         recompute = PassCost(
