@@ -688,7 +688,10 @@ def layer_activations(
         # LayerNormColumnParallelLinear: the quantized copy), local shards under SP.
         latents = mla.q_lora_rank + mla.kv_lora_rank
         n_norms = 2 if mla.q_lora_rank else 1
-        terms["mla_latents"] = (e + (lin if te else e)) * tokens * latents / sp_div
+        up_saves = (
+            (lin if te else e) if trained & {"q", "k", "v"} else 0.0
+        )  # a frozen up projection keeps none
+        terms["mla_latents"] = (e + up_saves) * tokens * latents / sp_div
         terms["norm_stats_latent"] = n_norms * 4.0 * tokens / sp_div
     if not model.parallel_attn_mlp:
         # With parallel attention and MLP (GPT-J, GPT-NeoX) both norms read the block input,
