@@ -116,6 +116,10 @@ def test_saved_activations_by_hand() -> None:
     assert acts["attn_output_and_lse"] == e * t * A * DV + 4 * A * t
     assert acts["mla_latents"] == 2 * e * t * (RQ + RKV)  # each norm's input and output
     assert acts["norm_stats_latent"] == 2 * 4 * t
+    # LoRA on o only: the frozen up projections keep no copy; the latent norms keep their inputs
+    lora = Recipe(seq_len=4096, micro_batch=1, global_batch=8, stack="pytorch", method="lora",
+                  lora=LoRASpec(rank=8, targets=("o",)))  # fmt: skip
+    assert layer_activations(V3, lora, Layout(dp=8), 0).terms["mla_latents"] == e * t * (RQ + RKV)
     # Transformer Engine under FP8: the two down projections each keep a quantized copy of x
     fp8 = replace(recipe, stack="megatron", precision="fp8")
     te = layer_activations(V3, fp8, Layout(dp=8), 0).terms
