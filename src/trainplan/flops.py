@@ -199,6 +199,19 @@ def check_mla_layout(spec: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         )
 
 
+def check_modelled(spec: ModelSpec, recipe: Recipe, layout: Layout | None) -> None:
+    """Refuse the recipe and layout combinations the cost model does not cover: per-op selective
+    checkpointing where :func:`trainplan.sac.check_sac` refuses it, :func:`check_layer_selective`,
+    :func:`check_moe_routing` and :func:`check_mla_layout` (``None``: one device). The FLOP and
+    memory entry points (:func:`step_flops`, :func:`device_flops`, ``memory_breakdown``) call it."""
+    if recipe.recompute == "sac":
+        check_sac(spec, layout)
+    whole = layout if layout is not None else Layout()
+    check_layer_selective(recipe, whole)
+    check_moe_routing(recipe, whole)
+    check_mla_layout(spec, recipe, whole)
+
+
 def check_moe_routing(recipe: Recipe, layout: Layout) -> None:
     """Refuse the layouts under which capacity-padded or einsum-dispatched routing is not
     modelled: the capacity is per whole sequence (MaxText's training groups), which context
@@ -397,21 +410,13 @@ def layer_gemms(
 # LoRA adapters
 # --------------------------------------------------------------------------------------------
 def _lora_linear_dims(spec: ModelSpec, layer_idx: int, target: str) -> list[tuple[int, int, float, int]]:
-    """(n_in, n_out, uses per token, adapter copies) of the linears a LoRA target names in one layer
-    (with MLA, the projections :func:`trainplan.models.params.lora_modules` maps it to)."""
+    """(n_in, n_out, uses per token, adapter copies) of the linears one LoRA module name
+    (:func:`trainplan.models.params.lora_modules`) names in one layer: an attention projection
+    of ``spec.attention_projections``, or an MLP matrix (every expert on MoE layers)."""
     h = spec.hidden_size
-    if spec.mla is not None and target in ("q", "k", "v"):
-        return [
-            (p.n_in, p.n_out, 1.0, 1)
-            for p in spec.attention_projections
-            if p.name in lora_modules(spec, (target,))
-        ]
-    if target == "q":
-        return [(h, spec.q_dim, 1.0, 1)]
-    if target in ("k", "v"):
-        return [(h, spec.kv_dim, 1.0, 1)]
-    if target == "o":
-        return [(spec.attn_out_dim, h, 1.0, 1)]
+    for p in spec.attention_projections:
+        if p.name == target:
+            return [(p.n_in, p.n_out, 1.0, 1)]
     if target == "gate" and not spec.gated:
         return []
     moe = spec.moe
@@ -435,27 +440,18 @@ def lora_adapter_flops_per_token(spec: ModelSpec, layer_idx: int, lora: LoRASpec
     shared), as PEFT does when the target names match the expert projections.
     """
     total = 0.0
-    for target in lora_targets_once(spec, lora):
-        for n_in, n_out, uses, _ in _lora_linear_dims(spec, layer_idx, target):
+    for module in lora_modules(spec, lora.targets):
+        for n_in, n_out, uses, _ in _lora_linear_dims(spec, layer_idx, module):
             total += 2.0 * lora.rank * (n_in + n_out) * uses
     return total
-
-
-def lora_targets_once(spec: ModelSpec, lora: LoRASpec) -> tuple[str, ...]:
-    """The LoRA targets with each adapted matrix named once: with MLA ``k`` and ``v`` adapt the
-    same two projections (:func:`trainplan.models.params.lora_modules`), so ``v`` is dropped
-    when ``k`` is there."""
-    if spec.mla is not None and "k" in lora.targets:
-        return tuple(t for t in lora.targets if t != "v")
-    return lora.targets
 
 
 def lora_adapter_params(spec: ModelSpec, lora: LoRASpec) -> int:
     """Trainable adapter weights: Σ r·(n_in + n_out) over adapted linears (every expert on MoE layers)."""
     total = 0
     for i in range(spec.num_layers):
-        for target in lora_targets_once(spec, lora):
-            for n_in, n_out, _, copies in _lora_linear_dims(spec, i, target):
+        for module in lora_modules(spec, lora.targets):
+            for n_in, n_out, _, copies in _lora_linear_dims(spec, i, module):
                 total += copies * lora.rank * (n_in + n_out)
     return total
 
@@ -1280,12 +1276,8 @@ def step_flops(
     dequantisation bytes are per micro-batch pass, so they scale with the number of micro-batches
     ``sequences / micro_batch`` (one copy of the weights; data-parallel replicas each pay it too).
     """
-    if recipe.recompute == "sac":
-        check_sac(spec, layout)
+    check_modelled(spec, recipe, layout)
     whole = layout if layout is not None else Layout()
-    check_layer_selective(recipe, whole)
-    check_moe_routing(recipe, whole)
-    check_mla_layout(spec, recipe, whole)
     sequences = step_sequences(recipe, layout)
     b = float(sequences)
     split = _Split()
@@ -1427,11 +1419,7 @@ def device_flops(
     sequence parallelism (neither depends on pp or the schedule); the planner shares it between
     the pipeline layouts of one such key.
     """
-    if recipe.recompute == "sac":
-        check_sac(spec, layout)
-    check_layer_selective(recipe, layout)
-    check_moe_routing(recipe, layout)
-    check_mla_layout(spec, recipe, layout)
+    check_modelled(spec, recipe, layout)
     sequences = step_sequences(recipe, layout)
     per_step = layout.dp * recipe.micro_batch
     if sequences % per_step != 0:

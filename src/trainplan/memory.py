@@ -38,13 +38,7 @@ from typing import Any, Final, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import RecipeError, TrainplanError
-from trainplan.flops import (
-    check_layer_selective,
-    check_mla_layout,
-    check_moe_routing,
-    expert_capacity,
-    expert_slot_ratio,
-)
+from trainplan.flops import check_modelled, expert_capacity, expert_slot_ratio
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
@@ -866,9 +860,7 @@ def sac_recompute_transient_bytes(model: ModelSpec, recipe: Recipe, layout: Layo
     output (e·b·s·h) is never consumed and stays alive with the checkpoint until the block's
     backward is over (traced). Not with a post-MLP norm (Gemma 2), whose saved input is that output.
     """
-    none = layer_activations(
-        model, replace(recipe, recompute="none", recompute_every=1, recompute_modules=None), layout, layer
-    ).total_bytes
+    none = layer_activations(model, _without_recompute(recipe), layout, layer).total_bytes
     kept = sac_layer_terms(model, recipe, layout, layer)
     transient = none - (sum(kept.values()) - kept["layer_input"])
     down = block_linears(model)[-1]
@@ -1794,11 +1786,7 @@ def memory_breakdown(
             f"the step runs inside each backward and frees the gradient, so gradients cannot "
             f"accumulate over {nmb} micro-batches; set the global batch to dp·micro-batch",
         )
-    if recipe.recompute == "sac":
-        check_sac(model, layout)
-    check_layer_selective(recipe, layout)
-    check_moe_routing(recipe, layout)
-    check_mla_layout(model, recipe, layout)
+    check_modelled(model, recipe, layout)
     stages = candidate_stages(model, layout)
     host = (host_capacity_bytes_per_node, devices_on_node)
     check_memory_margin(memory_margin)

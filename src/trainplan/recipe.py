@@ -683,13 +683,14 @@ def check_model_recipe(model: ModelSpec, recipe: Recipe) -> None:
 
 def _check_lora_rank(model: ModelSpec, lora: LoRASpec) -> None:
     from trainplan.flops import _lora_linear_dims
+    from trainplan.models.params import lora_modules
 
     layers = {0}
     if model.moe is not None:
         layers.add(next(i for i in range(model.num_layers) if model.is_moe_layer(i)))
     sides = [
         (min(n_in, n_out), target, n_in, n_out)
-        for target in lora.targets
+        for target in lora_modules(model, lora.targets)
         for i in sorted(layers)
         for n_in, n_out, _, _ in _lora_linear_dims(model, i, target)
     ]

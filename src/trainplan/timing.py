@@ -929,7 +929,9 @@ def step_time(
         pp_comm_overlap=layout.pp_comm_overlap,
         overlap_grad_reduce=layout.overlap_grad_reduce,
         ep_comm_overlap=layout.ep_comm_overlap,
-        ep_unpaired=ep_overlap_unpaired_fraction(layout.pp, layout.virtual_stages, m),
+        ep_unpaired=ep_overlap_unpaired_fraction(layout.pp, layout.virtual_stages, m)
+        if layout.ep_comm_overlap
+        else 1.0,
     )
     terms = step_terms(x)
     return TimeBreakdown(

@@ -92,7 +92,6 @@ from trainplan.layout import (
     Layout,
     LayoutOptions,
     PipelineSchedule,
-    ep_overlap_applies,
     nearest_micro_batches,
 )
 from trainplan.memory import (
@@ -986,15 +985,11 @@ class BulkEvaluator:
             block_later,
             loss_f_tab,
         ) = (np.ascontiguousarray(acts[:, :, q]) for q in range(10))
-        # LayoutOptions.for_candidate / layout.ep_overlap_applies: where EP overlap applies, and
-        # the micro-batch (chunk) more it holds (memory.held_microbatches)
-        self._c_ep_overlap = np.array(
-            [
-                self.options.ep_comm_overlap and ep_overlap_applies(c.ep, c.pp, c.pp_schedule, c.recompute)
-                for c in cores
-            ],
-            dtype=bool,
-        )
+        # where EP overlap applies (LayoutOptions.for_candidate, as Core.layout builds it), and the
+        # micro-batch (chunk) more it holds (memory.held_microbatches)
+        self._c_ep_overlap = np.zeros(len(cores), dtype=bool)
+        if self.options.ep_comm_overlap:
+            self._c_ep_overlap[:] = [c.layout(c.ep, 0, self.options).ep_comm_overlap for c in cores]
         if self._c_ep_overlap.any():
             extra = np.array([ep_overlap_extra_microbatches(c.pp, c.virtual_stages) for c in cores])
             held = held + np.where(self._c_ep_overlap, extra, 0.0)[:, None]
@@ -1825,7 +1820,9 @@ class BulkEvaluator:
             pp_comm_overlap=opts.pp_comm_overlap & self._c_pp_overlap_sched[core],
             overlap_grad_reduce=opts.overlap_grad_reduce,
             ep_comm_overlap=self._c_ep_overlap[core] if opts.ep_comm_overlap else False,
-            ep_unpaired=ep_overlap_unpaired_fraction(pp, self._c_int["virtual_stages"][core], m),
+            ep_unpaired=ep_overlap_unpaired_fraction(pp, self._c_int["virtual_stages"][core], m)
+            if opts.ep_comm_overlap
+            else 1.0,
         )
         if bound_only:
             return {"bound": np.asarray(step_lower_bound_s(x))}

@@ -662,28 +662,22 @@ class _Cells:
                 raise self.fail(column, f"{key}: must be positive, got {v}")
             return v
 
-        alpha: float | None = None
-        if "lora_alpha" in settings:
+        def real(key: str) -> float | None:
+            if key not in settings:
+                return None
             try:
-                alpha = float(settings["lora_alpha"])
+                return float(settings[key])
             except ValueError:
-                raise self.fail(
-                    column, f"lora_alpha: expected a number, got {settings['lora_alpha']!r}"
-                ) from None
+                raise self.fail(column, f"{key}: expected a number, got {settings[key]!r}") from None
+
+        alpha = real("lora_alpha")
         targets: tuple[str, ...] | None = None
         if "lora_targets" in settings:
             targets = tuple(t.strip() for t in settings["lora_targets"].split("+"))
             for t in targets:
                 if t not in LORA_TARGETS:
                     raise self.fail(column, f"lora_targets: {t!r} is not one of {', '.join(LORA_TARGETS)}")
-        capacity: float | None = None
-        if "moe_capacity_factor" in settings:
-            try:
-                capacity = float(settings["moe_capacity_factor"])
-            except ValueError:
-                raise self.fail(
-                    column, f"moe_capacity_factor: expected a number, got {settings['moe_capacity_factor']!r}"
-                ) from None
+        capacity = real("moe_capacity_factor")
         dispatch = settings.get("moe_dispatch")
         if dispatch is not None and dispatch not in MOE_DISPATCHES:
             raise self.fail(column, f"moe_dispatch: {dispatch!r} is not one of {', '.join(MOE_DISPATCHES)}")
