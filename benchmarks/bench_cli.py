@@ -8,8 +8,9 @@ needs. What the ratio shows above 1 is what the command costs beyond that: the p
 model and the catalog, the estimate itself and printing. The command runs as the ``trainplan``
 console script does (``from trainplan.cli import main``), with this interpreter and environment.
 Both sides read the ``__pycache__`` bytecode the warm-up runs leave (as an installed package
-does); with ``PYTHONDONTWRITEBYTECODE=1`` and no ``__pycache__`` both compile their modules on
-every start, which the ratio then includes.
+does), and the command the parsed data files cached there (``trainplan.data_files``); with
+``PYTHONDONTWRITEBYTECODE=1`` and no ``__pycache__`` both compile their modules and the command
+parses its TOML files on every start, which the ratio then includes.
 """
 
 from __future__ import annotations

@@ -51,13 +51,12 @@ from __future__ import annotations
 
 import functools
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from types import MappingProxyType
 from typing import Final
 
+from trainplan.data_files import data_toml
 from trainplan.errors import CatalogError
 
 DATA_FILE: Final = "attention.toml"
@@ -103,8 +102,7 @@ class _Table:
 @functools.cache
 def _load() -> _Table:
     """Parse and check the data file once."""
-    text = resources.files("trainplan.hardware").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
-    doc = tomllib.loads(text)
+    doc = data_toml("trainplan.hardware", "data", DATA_FILE)
     where = DATA_FILE
     peak = doc.get("peak_tflops")
     seq = doc.get("seq_len")

@@ -71,9 +71,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property
-from importlib import resources
 from typing import Any, Final, Literal
 
+from trainplan.data_files import data_text
 from trainplan.hardware.accelerator import Accelerator
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
@@ -391,7 +391,7 @@ class BandTable:
 @cache
 def band_table() -> BandTable:
     """The packaged band table (``data/bands.json``)."""
-    text = resources.files("trainplan").joinpath("data", "bands.json").read_text(encoding="utf-8")
+    text = data_text("trainplan", "data", "bands.json")
     return BandTable.from_json(text)
 
 

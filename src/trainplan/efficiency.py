@@ -47,13 +47,12 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from types import MappingProxyType
 from typing import Final
 
+from trainplan.data_files import data_toml
 from trainplan.errors import CatalogError
 
 DATA_FILE: Final = "efficiency.toml"
@@ -192,8 +191,7 @@ class _Figure:
 
 
 def _read_document() -> dict[str, object]:
-    text = resources.files("trainplan.hardware").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    return data_toml("trainplan.hardware", "data", DATA_FILE)
 
 
 def _figure(table: Mapping[str, object], kind: str, where: str) -> tuple[_Figure | None, str | None]:
@@ -441,8 +439,7 @@ class GemmShapes:
 
 @functools.cache
 def _gemm_shapes() -> Mapping[str, GemmShapes]:
-    text = resources.files("trainplan.hardware").joinpath("data", SHAPES_FILE).read_text(encoding="utf-8")
-    doc = tomllib.loads(text)
+    doc = data_toml("trainplan.hardware", "data", SHAPES_FILE)
     out: dict[str, GemmShapes] = {}
     for entry in doc.get("device", []):
         where = f"{SHAPES_FILE}, device '{entry.get('name', '?')}'"

@@ -48,15 +48,14 @@ import contextlib
 import dataclasses
 import functools
 import math
-import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Final, Protocol
 
 from trainplan.attention import AttentionEfficiency, attention_efficiency
 from trainplan.comm import Collective, group_placement, step_collectives
+from trainplan.data_files import data_toml
 from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency
 from trainplan.errors import LayoutError
@@ -147,10 +146,7 @@ Neuron SDK on Trainium. A request for another stack on these devices takes the n
 @functools.cache
 def _calibration() -> dict[tuple[str, str], float]:
     """(stack, generation) -> κ from ``calibration.toml`` (entries without a stack: Megatron)."""
-    text = (
-        resources.files("trainplan.hardware").joinpath("data", "calibration.toml").read_text(encoding="utf-8")
-    )
-    doc = tomllib.loads(text)
+    doc = data_toml("trainplan.hardware", "data", "calibration.toml")
     return {
         (str(g.get("stack", "megatron")), str(g["name"])): float(g["kappa"])
         for g in doc.get("generation", [])

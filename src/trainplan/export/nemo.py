@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from importlib import resources
 from typing import Any, Final
 
+from trainplan.data_files import data_text
 from trainplan.export import megatron
 from trainplan.export._common import PlanFacts, plan_facts, unsupported
 from trainplan.hardware.system import System
@@ -103,9 +103,7 @@ class Code:
 @cache
 def schema() -> dict[str, Any]:
     """The copied field lists (``classes``), mixed-precision recipe names and their source."""
-    text = (
-        resources.files("trainplan").joinpath("data/megatron_bridge_schema.json").read_text(encoding="utf-8")
-    )
+    text = data_text("trainplan", "data", "megatron_bridge_schema.json")
     data: dict[str, Any] = json.loads(text)
     return data
 

@@ -42,9 +42,9 @@ from __future__ import annotations
 import json
 import re
 from functools import cache
-from importlib import resources
 from typing import Any, Final
 
+from trainplan.data_files import data_text
 from trainplan.errors import TrainplanError
 from trainplan.export import torchtitan as tt
 from trainplan.export._common import PlanFacts, plan_facts, unsupported
@@ -76,9 +76,7 @@ DEFAULT_LR: Final = 8e-4  # default_adamw's lr
 @cache
 def schema() -> dict[str, Any]:
     """The copied field lists (``classes``), the builder's parameters and their source."""
-    text = (
-        resources.files("trainplan").joinpath("data/torchtitan_0_3_schema.json").read_text(encoding="utf-8")
-    )
+    text = data_text("trainplan", "data", "torchtitan_0_3_schema.json")
     data: dict[str, Any] = json.loads(text)
     return data
 

@@ -17,10 +17,10 @@ import re
 import stat
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Final
 
+from trainplan.data_files import data_text, data_toml
 from trainplan.errors import CatalogError
 from trainplan.hardware.accelerator import Accelerator, CloudOffering, Link
 
@@ -255,13 +255,13 @@ def load_hardware_file(path: str | Path) -> list[Accelerator]:
 
 
 def _builtin_text(name: str) -> str:
-    return resources.files("trainplan.hardware").joinpath("data").joinpath(name).read_text(encoding="utf-8")
+    return data_text("trainplan.hardware", "data", name)
 
 
 @functools.cache
 def builtin_file(name: str) -> tuple[Accelerator, ...]:
     """The entries of one built-in vendor file (``_FILE_ORDER``), parsed once per process."""
-    return tuple(parse_document(tomllib.loads(_builtin_text(name)), f"built-in {name}"))
+    return tuple(parse_document(data_toml("trainplan.hardware", "data", name), f"built-in {name}"))
 
 
 _ENTRY_START = re.compile(r"^(?=\[\[accelerator\]\])", re.MULTILINE)

@@ -12,11 +12,10 @@ planner use. Built-in specs are ``trainplan/hardware/data/systems.toml``.
 from __future__ import annotations
 
 import functools
-import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from typing import Final
 
+from trainplan.data_files import data_toml
 from trainplan.errors import CatalogError
 from trainplan.hardware.accelerator import _DATE_RE, Accelerator
 from trainplan.hardware.system import System
@@ -137,8 +136,7 @@ def _parse(entry: dict[str, object], where: str) -> SystemSpec:
 @functools.cache
 def builtin_systems() -> tuple[SystemSpec, ...]:
     """Every built-in system, in file order."""
-    text = resources.files("trainplan.hardware").joinpath("data", DATA_FILE).read_text(encoding="utf-8")
-    entries = tomllib.loads(text).get("system", [])
+    entries = data_toml("trainplan.hardware", "data", DATA_FILE).get("system", [])
     specs = tuple(_parse(e, f"built-in {DATA_FILE}, system #{i + 1}") for i, e in enumerate(entries))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):

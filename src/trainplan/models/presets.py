@@ -12,10 +12,10 @@ import difflib
 import re
 import tomllib
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainplan.data_files import data_text
 from trainplan.errors import ModelError
 from trainplan.models.spec import MLASpec, ModelSpec, MoESpec
 
@@ -84,7 +84,7 @@ def _preset_texts() -> dict[str, str]:
     """The preset file's top-level tables as text by name, in file order: a table's sub-tables
     (``["name".moe]``) follow it up to the next top-level table. A preset is parsed when first
     asked for (the whole file takes milliseconds to parse; one table, microseconds)."""
-    text = resources.files(_DATA_PACKAGE).joinpath(_PRESET_FILE).read_text(encoding="utf-8")
+    text = data_text(_DATA_PACKAGE, _PRESET_FILE)
     out: dict[str, str] = {}
     for part in _TABLE_START.split(text):
         m = _TABLE_NAME.match(part)
@@ -175,8 +175,8 @@ def load_model(name_or_path: str, *, strict: bool = True) -> ModelSpec:
     key = name_or_path.strip()
     if not key:
         raise ModelError("model", "empty model name; `trainplan models` lists presets")
-    if key.lower() in _presets():
-        return _presets()[key.lower()]
+    if key.lower() in _preset_texts():
+        return _preset(key.lower())  # parses this preset only
     if _looks_like_path(key) or _exists(key):
         return load_hf_config(key, strict=strict)
     return get_preset(key)

@@ -21,7 +21,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from trainplan.bands import (
@@ -35,6 +34,7 @@ from trainplan.bands import (
     log_band,
     uncalibrated_band,
 )
+from trainplan.data_files import data_path
 from trainplan.errors import TrainplanError
 from trainplan.hardware import get_accelerator, list_accelerators
 from trainplan.layout import Layout
@@ -211,7 +211,7 @@ def table() -> BandTable:
 
 
 def bands_path() -> Path:
-    return Path(str(resources.files("trainplan").joinpath("data", "bands.json")))
+    return Path(data_path("trainplan", "data", "bands.json"))
 
 
 def write_table(path: Path | None = None) -> Path:

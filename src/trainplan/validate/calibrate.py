@@ -53,9 +53,9 @@ import argparse
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
+from trainplan.data_files import data_path
 from trainplan.validate.datasets import TimingRow, timing_rows
 
 CALIBRATION_SETS: dict[tuple[str, str], tuple[tuple[str, Callable[[TimingRow], bool]], ...]] = {
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"residual log-rms={f.residual_log_rms:.3f}"
         )
     if args.write:
-        target = Path(str(resources.files("trainplan.hardware").joinpath("data", "calibration.toml")))
+        target = Path(data_path("trainplan.hardware", "data", "calibration.toml"))
         target.write_text(render_toml(fits), encoding="utf-8")
         print(f"wrote {target}")
     return 0

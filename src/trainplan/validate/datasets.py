@@ -31,9 +31,9 @@ import csv
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Final, Literal, get_args
 
+from trainplan.data_files import data_text
 from trainplan.errors import TrainplanError
 from trainplan.layout import GRAD_ACCUMULATIONS
 from trainplan.recipe import LORA_TARGETS, MOE_DISPATCHES, OFFLOADS, OPTIMIZERS
@@ -595,7 +595,7 @@ REGISTRY: Final[dict[str, DatasetInfo]] = {
 
 
 def _file_text(name: str) -> str:
-    return resources.files("trainplan.validate").joinpath("data", f"{name}.csv").read_text(encoding="utf-8")
+    return data_text("trainplan.validate", "data", f"{name}.csv")
 
 
 class _Cells:

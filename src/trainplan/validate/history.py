@@ -14,8 +14,8 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 
+from trainplan.data_files import data_text
 from trainplan.validate.timing import DatasetResult
 
 
@@ -58,7 +58,7 @@ def _table(value: object, where: str) -> Mapping[str, object]:
 def load() -> tuple[tuple[Baseline, ...], tuple[Change, ...]]:
     """The baselines and changes of ``data/history.toml``, checked: every change names a known
     baseline, and a dataset it lists has a baseline figure, a ``before_pct`` or neither (new)."""
-    text = resources.files("trainplan.validate").joinpath("data", "history.toml").read_text(encoding="utf-8")
+    text = data_text("trainplan.validate", "data", "history.toml")
     doc = tomllib.loads(text)
     baselines = []
     for i, raw in enumerate(doc.get("baseline", [])):

@@ -36,9 +36,9 @@ import dataclasses
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Final
 
+from trainplan.data_files import data_text
 from trainplan.errors import TrainplanError
 from trainplan.validate.timing import DatasetResult, RowResult
 
@@ -104,7 +104,7 @@ _INT = (
 
 def _csv_rows(file: str) -> list[dict[str, str]]:
     """The rows of ``data/<file>`` as column -> text."""
-    text = resources.files("trainplan.validate").joinpath("data", file).read_text(encoding="utf-8")
+    text = data_text("trainplan.validate", "data", file)
     return list(csv.DictReader(io.StringIO(text)))
 
 
