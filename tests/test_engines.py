@@ -241,10 +241,12 @@ def test_cli_names_the_engine_and_what_it_set(capsys: pytest.CaptureFixture[str]
     args = ["estimate", "llama-3-8b", "--hardware", "h100-sxm", "--devices", "8", "--zero", "3"]
     text = cli_text(capsys, *args)
     assert f"engine: {DEFAULT_ENGINE} (default engine" in text
-    text = cli_text(capsys, *args, "--engine", "torchtitan", "--recompute-early-stop")
+    text = cli_text(capsys, *args, "--engine", "torchtitan", "--recompute", "full", "--recompute-early-stop")
     assert "engine: torchtitan (torchtitan 0.2.2) set stack=pytorch" in text
     assert "given by flag: recompute_early_stop=true" in text
-    out = cli_json(capsys, *args, "--engine", "torchtitan", "--recompute-early-stop", "--json")
+    out = cli_json(
+        capsys, *args, "--engine", "torchtitan", "--recompute", "full", "--recompute-early-stop", "--json"
+    )
     settings = out["engine"]["settings"]
     assert out["engine"]["name"] == "torchtitan" and out["engine"]["default"] is False
     assert settings["recompute_early_stop"] == {

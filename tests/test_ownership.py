@@ -106,3 +106,11 @@ def test_a_whole_system_entry_is_priced_and_powered_as_itself() -> None:
     gpu_price, _ = default_node_price(get_accelerator("h100-sxm"))
     h100 = get_accelerator("h100-sxm")
     assert h100.purchase is not None and gpu_price > 8 * h100.purchase.usd_per_device
+
+
+def test_an_unreachable_break_even_is_said_so() -> None:
+    """Above 100% utilisation there is no break-even: the JSON says none, the verdict never."""
+    own = _own(devices=1)  # a whole server bought for one device
+    assert own.break_even_utilisation > 1
+    assert own.to_dict()["break_even_utilisation"] is None
+    assert "never" in own.verdict() and "no utilisation" not in own.verdict()

@@ -376,3 +376,151 @@ def test_every_command_prints_its_help(command: str, capsys: pytest.CaptureFixtu
 )
 def test_buy_or_rent_bounds_its_inputs(capsys: pytest.CaptureFixture[str], extra: tuple[str, ...]) -> None:
     refused(capsys, "cost", "h100-sxm", *extra)
+
+
+# --- refused since a review of the CLI: each was accepted and silently ignored, or contradicted ---
+PLAN = ("plan", "llama-3.2-1b", "--hardware", "h100-sxm,mi300x")
+
+
+def test_grpo_group_size_without_global_batch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --global-batch the step is one micro-batch per rank: the group size changed nothing."""
+    line = refused(capsys, *EST, "--devices", "8", "--zero", "3", "--method", "grpo", "--group-size", "16")
+    assert "--global-batch" in line
+    small = answered(
+        capsys,
+        *EST,
+        "--devices",
+        "8",
+        "--zero",
+        "3",
+        "--method",
+        "grpo",
+        "--group-size",
+        "2",
+        "--global-batch",
+        "8",
+    )
+    large = answered(
+        capsys,
+        *EST,
+        "--devices",
+        "8",
+        "--zero",
+        "3",
+        "--method",
+        "grpo",
+        "--group-size",
+        "16",
+        "--global-batch",
+        "8",
+    )
+    assert large["time"]["step_s"] > small["time"]["step_s"]
+
+
+@pytest.mark.parametrize("objective", ["cost", "balanced"])
+def test_a_cost_objective_needs_tokens(capsys: pytest.CaptureFixture[str], objective: str) -> None:
+    assert "--tokens" in refused(capsys, *PLAN, "--devices", "8", "--objective", objective)
+
+
+def test_devices_above_max_devices_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, *PLAN, "--tokens", "1e9", "--devices", "16", "--max-devices", "8")
+    assert "--max-devices" in line
+    assert "--max-devices" in refused(capsys, *PLAN, "--tokens", "1e9", "--devices", "1000000")
+
+
+def test_device_price_names_a_searched_accelerator(capsys: pytest.CaptureFixture[str]) -> None:
+    for item in ("nosuch=3", "b200=3"):
+        assert "not among the accelerators searched" in refused(
+            capsys, *PLAN, "--tokens", "1e9", "--devices", "8", "--device-price", item
+        )
+    got = answered(capsys, *PLAN, "--tokens", "1e9", "--devices", "8", "--device-price", "h100=0.5")
+    assert any(p["hardware"] == "h100-sxm" and p["usd_per_device_hour"] == 0.5 for p in got["plans"])
+
+
+@pytest.mark.parametrize("flag", [("--provider", "AWS"), ("--price-kind", "spot"), ("--max-price-age", "1")])
+def test_price_with_catalog_filters_is_refused(
+    capsys: pytest.CaptureFixture[str], flag: tuple[str, str]
+) -> None:
+    assert flag[0] in refused(capsys, *EST, "--devices", "8", "--price", "5", *flag)
+
+
+def test_an_alias_beside_its_name_is_one_accelerator(capsys: pytest.CaptureFixture[str]) -> None:
+    got = answered(
+        capsys, "compare", "llama-3.2-1b", "--method", "lora", "--hardware", "h100-sxm,h100", "--devices", "8"
+    )
+    assert [r["hardware"] for r in got["hardware"]].count("h100-sxm") == 1
+
+
+def test_the_memory_band_verdict_reads_the_margin(capsys: pytest.CaptureFixture[str]) -> None:
+    got = answered(capsys, *EST, "--devices", "1", "--global-batch", "64", "--memory-margin", "0.9")
+    assert got["memory"]["fits"] is False and got["memory"]["fit_verdict"] != "fits"
+
+
+def test_unknown_dataset_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "unknown dataset 'nosuch'" in refused(capsys, "validate", "--dataset", "nosuch")
+
+
+def test_recompute_every_beyond_the_stage_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, *EST, "--devices", "1", "--recompute", "full", "--recompute-every", "1000")
+    assert "--recompute-every 16 or less" in line  # llama-3.2-1b: 16 blocks
+
+
+def test_early_stop_without_a_recomputed_forward_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    for mode in ("none", "selective"):
+        assert "--recompute-early-stop" in refused(
+            capsys, *EST, "--devices", "1", "--recompute", mode, "--recompute-early-stop"
+        )
+
+
+def test_no_export_for_accelerators_the_targets_do_not_run_on(capsys: pytest.CaptureFixture[str]) -> None:
+    for hw in ("tpu-v5p", "trn2"):
+        for target in ("megatron", "torchtitan", "deepspeed", "accelerate"):
+            line = refused(
+                capsys,
+                "export",
+                "llama-3.2-1b",
+                "--hardware",
+                hw,
+                "--devices",
+                "16",
+                "--zero",
+                "3",
+                "--to",
+                target,
+            )
+            assert "would not run there" in line
+
+
+def test_the_neuron_stack_only_on_trainium(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "Trainium" in refused(capsys, *EST, "--devices", "8", "--stack", "neuron")
+
+
+def test_a_plot_name_is_checked_before_the_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(capsys, *EST, "--devices", "1", "--plot", "x.txt")
+    assert ".png or .svg" in line
+
+
+def test_the_export_error_names_the_flag_that_exists(capsys: pytest.CaptureFixture[str]) -> None:
+    line = refused(
+        capsys,
+        "export",
+        "llama-3.2-1b",
+        "--hardware",
+        "h100-sxm",
+        "--devices",
+        "8",
+        "--zero",
+        "1",
+        "--to",
+        "megatron",
+        "--no-master-weights",
+    )
+    assert "without --no-master-weights" in line
+
+
+def test_host_memory_with_a_system_is_refused() -> None:
+    from trainplan.hardware.system import System
+
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=8)
+    with pytest.raises(TrainplanError, match="host_memory"):
+        trainplan.estimate("llama-3.2-1b", hardware=system, host_memory=1, zero=3, offload="optimizer")

@@ -44,6 +44,10 @@ def _fmt_size(n_bytes: float, binary: bool) -> str:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from trainplan.api import estimate_from_values
 
+    if args.plot:
+        from trainplan.web.plots import check_plot_path
+
+        check_plot_path(args.plot)  # before the estimate, not after its output
     est = estimate_from_values(vars(args))
     if args.json:
         print(json.dumps(est.to_dict(), indent=2, sort_keys=True))
@@ -201,11 +205,13 @@ def render_estimate(est: Estimate, *, binary: bool = False) -> str:
 
 
 def _verdict_text(est: Estimate) -> str:
-    """``memory.fit_verdict`` with the band's ends against the capacity."""
+    """``memory.fit_verdict`` with the band's ends against the usable memory (the capacity less
+    the margin, when one is asked for)."""
     low, high = est.memory_band.around(est.memory.per_device_bytes)
-    cap = est.memory.capacity_bytes
+    cap = est.memory.usable_bytes
+    of = "of usable memory" if est.memory.memory_margin else "of device capacity"
     host = "; the offloaded states exceed the host memory" if est.memory.host_fits is False else ""
-    return f"{est.fit_verdict} ({100 * low / cap:.0f}% … {100 * high / cap:.0f}% of device capacity{host})"
+    return f"{est.fit_verdict} ({100 * low / cap:.0f}% … {100 * high / cap:.0f}% {of}{host})"
 
 
 def render_rlhf_memory(est: Estimate, *, binary: bool) -> list[str]:
@@ -463,6 +469,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from trainplan.models import load_model
     from trainplan.planner.command import accelerators, plan_from_values, render_plan
 
+    if args.plot:
+        from trainplan.web.plots import check_plot_path
+
+        check_plot_path(args.plot)
     accs = accelerators(args.hardware, args.hardware_file)
     if args.export is None and args.export_file is not None:
         raise TrainplanError("export_file", "--export-file names where --export writes; add --export TARGET")
@@ -485,6 +495,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from trainplan.models import load_model
     from trainplan.planner.command import accelerators, compare_from_values, compare_to_dict, render_compare
 
+    if args.plot:
+        from trainplan.web.plots import check_plot_path
+
+        check_plot_path(args.plot)
     accs = accelerators(args.hardware, args.hardware_file)
     result = compare_from_values(vars(args), load_model(args.model), accs)
     if args.json:

@@ -208,6 +208,15 @@ def check_modelled(spec: ModelSpec, recipe: Recipe, layout: Layout | None) -> No
         check_sac(spec, layout)
     whole = layout if layout is not None else Layout()
     check_layer_selective(recipe, whole)
+    if recipe.recompute_every > 1:
+        most = max(map(len, whole.stage_layers(spec.num_layers)))
+        if recipe.recompute_every > most:
+            raise LayoutError(
+                "recompute_every",
+                f"--recompute-every {recipe.recompute_every} recomputes the n-th, 2n-th, … block of each "
+                f"pipeline stage, and a stage holds at most {most}, so no block would be recomputed; "
+                f"use --recompute-every {most} or less, or --recompute none",
+            )
     check_moe_routing(recipe, whole)
     check_mla_layout(spec, recipe, whole)
 

@@ -1541,6 +1541,12 @@ def _check_recipe_flags_apply(values: Mapping[str, Any]) -> None:
             "fp32 training keeps no separate master copy (the weights are fp32 already), so "
             "--no-master-weights changes nothing; drop it or use a 16-bit --precision",
         )
+    if values.get("recompute_early_stop") and values.get("recompute") in ("none", "selective"):
+        raise TrainplanError(
+            "recompute_early_stop",
+            f"--recompute-early-stop stops a recomputed forward early, and --recompute {values['recompute']} "
+            "reruns no whole block forward, so it changes nothing; drop it, or use --recompute full or sac",
+        )
 
 
 def _check_layout_flags_apply(values: Mapping[str, Any], layout: Layout) -> None:
@@ -1663,7 +1669,21 @@ def fields_markdown() -> str:
 
 
 def price_query(values: Mapping[str, Any]) -> PriceQuery:
-    """The price filters (``--price-kind``, ``--provider``, ``--max-price-age``) of parsed values."""
+    """The price filters (``--price-kind``, ``--provider``, ``--max-price-age``) of parsed values.
+
+    They pick a catalog offering, so they contradict ``--price``, which replaces the catalog's:
+    given together, the request is refused rather than the filters ignored."""
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k in ("provider", "price_kind", "max_price_age")
+        if values.get(k) is not None
+    ]
+    if values.get("price") is not None and given:
+        raise TrainplanError(
+            "price",
+            f"--price replaces the catalog's prices, so {', '.join(given)} would pick nothing; "
+            "give --price alone, or drop it to price from the catalog's offerings",
+        )
     return PriceQuery(
         kind=values.get("price_kind"),
         provider=values.get("provider"),

@@ -186,7 +186,7 @@ class Ownership:
             + (
                 f"above {100 * self.break_even_utilisation:.0f}% utilisation"
                 if self.break_even_utilisation <= 1.0
-                else "at no utilisation"
+                else "never: renting is cheaper even at 100% utilisation"
             )
         )
 
@@ -217,7 +217,8 @@ class Ownership:
             "facility_usd_per_year": self.facility_usd_per_year,
             "rented_usd_per_year": self.rented_usd_per_year(u),
             "owned_usd_per_used_device_hour": self.owned_usd_per_used_device_hour(u),
-            "break_even_utilisation": None if math.isinf(be) else be,
+            # None: no utilisation up to 100% makes owning the cheaper (the verdict says so)
+            "break_even_utilisation": None if be > 1.0 else be,
             "break_even_months": None if math.isinf(months) else months,
             "verdict": self.verdict(),
         }

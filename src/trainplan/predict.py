@@ -101,10 +101,12 @@ class Estimate:
 
     @property
     def fit_verdict(self) -> FitVerdict:
-        """``bands.fit_verdict`` of device memory; offloaded states over the host memory do not fit."""
+        """``bands.fit_verdict`` of device memory against the usable memory (the capacity less
+        ``memory_margin``, as ``memory.fits`` judges); offloaded states over the host memory do
+        not fit."""
         if self.memory.host_fits is False:
             return "does not fit"
-        return fit_verdict(self.memory.per_device_bytes, self.memory.capacity_bytes, self.memory_band)
+        return fit_verdict(self.memory.per_device_bytes, self.memory.usable_bytes, self.memory_band)
 
     def calibration(self) -> dict[str, object]:
         """``calibration``: the step-time class (``class``, ``rows``, ``calibrated``) and the memory class."""
@@ -296,6 +298,12 @@ def hardware_refusal(system: System, recipe: Recipe) -> TrainplanError | None:
             f"FlashAttention does not run on {acc.family} ({acc.name}): FlashAttention-2 and PyTorch's "
             "flash SDPA kernel need an Ampere or newer GPU (sm_80+); use --attention eager",
         )
+    if recipe.stack == "neuron" and acc.vendor != "AWS":
+        return RecipeError(
+            "stack",
+            f"the Neuron SDK trains on AWS Trainium only, not on {acc.vendor}'s {acc.name}; "
+            "name the stack that runs there (--stack megatron, pytorch, deepspeed or maxtext)",
+        )
     if recipe.method == "qlora" and acc.vendor not in QLORA_BACKENDS:
         return RecipeError(
             "method",
@@ -355,6 +363,13 @@ def estimate(
     check_hardware(system, recipe)
     check_precision(system, recipe)
     spec = rlhf_spec(model, recipe, rlhf)
+    if spec is not None and spec.group_size > 1 and recipe.global_batch is None:
+        raise RecipeError(
+            "global_batch",
+            f"--group-size {spec.group_size} samples each prompt {spec.group_size} times, so the step's "
+            "sequences are prompts × group size: give --global-batch (prompts per step); without it the "
+            "step is one micro-batch per rank and the group size would change nothing",
+        )
     if spec is not None and memory_margin:
         raise TrainplanError(
             "memory_margin",

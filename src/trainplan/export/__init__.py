@@ -99,6 +99,13 @@ else PyTorch's own."""
 CAPACITY_TARGETS: Final = ("megatron", "nemo")
 """The targets whose MoE layers pad experts to a capacity (Megatron-Core
 ``moe_expert_capacity_factor`` with ``moe_pad_expert_input_to_capacity``)."""
+NO_EXPORT_VENDORS: Final = {
+    "Google": "TPUs train through XLA: MaxText, JAX or PyTorch/XLA",
+    "AWS": "Trainium trains through the Neuron SDK: NxD Training or optimum-neuron",
+    "Cerebras": "the wafer-scale engine trains through the Cerebras Model Zoo",
+}
+"""Vendors none of the targets runs on (every target launches CUDA/ROCm PyTorch), with the stack
+their accelerators train with; export refuses them."""
 STEPS_IN_FILE: Final = ("torchtitan", "torchrun", "megatron", "nemo")
 """The targets whose output carries the step count that ``--tokens`` gives."""
 
@@ -111,6 +118,14 @@ def export_plan(
     renderers = _renderers()
     if target not in renderers:
         raise TrainplanError("to", f"unknown export target {target!r}; choose one of {', '.join(TARGETS)}")
+    acc = system.accelerator
+    if acc.vendor in NO_EXPORT_VENDORS:
+        raise TrainplanError(
+            "hardware",
+            f"{target} launches a PyTorch job on CUDA or ROCm GPUs, and {acc.name} is {acc.vendor}'s "
+            f"accelerator ({NO_EXPORT_VENDORS[acc.vendor]}), so the launch would not run there; trainplan "
+            "has no export for that stack: export a plan on a GPU, or size the job with `trainplan estimate`",
+        )
     if recipe.method in RLHF_METHODS:
         raise TrainplanError(
             "method",

@@ -87,14 +87,24 @@ def _check_recipe(recipe: Recipe, target: str = TARGET) -> None:
             "early-stopping recompute (its CheckpointFunction re-runs the whole block)",
             "plan with --engine megatron (or --no-recompute-early-stop)",
         )
-    for flag, on, what in (
-        ("loss_chunks", recipe.loss_chunks != 1, "chunked cross-entropy"),
-        ("paged_optimizer", recipe.paged_optimizer, "bitsandbytes paged optimizers"),
-        ("optimizer_in_backward", recipe.optimizer_in_backward, "an optimizer step inside the backward"),
-        ("master_weights", not recipe.master_weights, "16-bit training without FP32 master weights"),
+    for flag, on, what, option in (
+        ("loss_chunks", recipe.loss_chunks != 1, "chunked cross-entropy", "--loss-chunks"),
+        ("paged_optimizer", recipe.paged_optimizer, "bitsandbytes paged optimizers", "--paged-optimizer"),
+        (
+            "optimizer_in_backward",
+            recipe.optimizer_in_backward,
+            "an optimizer step inside the backward",
+            "--optimizer-in-backward",
+        ),
+        (
+            "master_weights",
+            not recipe.master_weights,
+            "16-bit training without FP32 master weights",
+            "--no-master-weights",
+        ),
     ):
         if on:
-            raise unsupported(target, flag, what, f"plan without --{flag.replace('_', '-')}")
+            raise unsupported(target, flag, what, f"plan without {option}")
     if recipe.offload == "optimizer+params":
         raise unsupported(
             target,

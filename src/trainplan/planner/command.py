@@ -24,6 +24,7 @@ from trainplan.inputs import (
     host_memory_bytes,
     price_query,
 )
+from trainplan.limits import MAX_DEVICES, check_int
 from trainplan.models.spec import ModelSpec
 from trainplan.planner.search import (
     Plan,
@@ -52,7 +53,12 @@ def accelerators(hardware: str, hardware_file: Sequence[str] = ()) -> list[Accel
     names = _split(hardware)
     if not names:
         raise TrainplanError("hardware", "name at least one accelerator (or 'any')")
-    return [get_accelerator(n, files) for n in dict.fromkeys(names)]
+    out: list[Accelerator] = []
+    for n in dict.fromkeys(names):
+        acc = get_accelerator(n, files)
+        if acc not in out:  # a name and its alias ("h100-sxm,h100") are one accelerator
+            out.append(acc)
+    return out
 
 
 def _prices(values: Mapping[str, Any], accs: list[Accelerator]) -> dict[str, float]:
@@ -67,7 +73,15 @@ def _prices(values: Mapping[str, Any], accs: list[Accelerator]) -> dict[str, flo
             usd = -1.0
         if not sep or not name.strip() or not usd > 0:
             raise TrainplanError("device_price", f"expected NAME=USD with a positive price, got {item!r}")
-        out[name.strip().lower()] = usd
+        key = name.strip().lower()
+        match = next((a.name for a in accs if key == a.name or key in a.aliases), None)
+        if match is None:
+            raise TrainplanError(
+                "device_price",
+                f"--device-price {item!r}: {name.strip()!r} is not among the accelerators searched "
+                f"({', '.join(a.name for a in accs)}); name one of them, or add it to --hardware",
+            )
+        out[match] = usd
     return out
 
 
@@ -107,7 +121,15 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
             raise TrainplanError(
                 "devices", f"expected comma-separated positive integers, got {values['devices']!r}"
             )
-    max_devices = max(values["max_devices"], max(counts) if counts else 0)
+    for n in counts or ():
+        check_int("devices", n, high=MAX_DEVICES, what="devices")  # the limit first, as SearchSpace
+    if counts and max(counts) > values["max_devices"]:
+        raise TrainplanError(
+            "devices",
+            f"--devices {max(counts)} is above --max-devices {values['max_devices']}; "
+            f"raise --max-devices to at least {max(counts)}, or ask for fewer devices",
+        )
+    max_devices = values["max_devices"]
     offloads = (values["offload"],) if values["offload"] is not None else OFFLOADS
     if recipe.paged_optimizer and values["offload"] is None:
         offloads = ("none",)
@@ -145,6 +167,12 @@ def rlhf_from_values(
             "memory_margin",
             f"{recipe.method}: the margin is not applied to the RL phases' memory (actor, critic, reward, "
             "reference, rollout), so it would be ignored there; plan RL jobs with --memory-margin 0",
+        )
+    if values["objective"] != "time" and recipe.tokens is None:
+        raise TrainplanError(
+            "tokens",
+            f"--objective {values['objective']} ranks by the run's cost, which needs --tokens (the length "
+            "of the run); give --tokens, or rank by time",
         )
     groups = parse_groups(values["groups"]) if values.get("groups") else ()
     if groups and values.get("placement") not in (None, "disaggregated"):

@@ -985,6 +985,12 @@ def plan(
         raise TrainplanError("deadline", f"must be a positive number of hours, got {deadline_h}")
     if (budget_usd is not None or deadline_h is not None) and recipe.tokens is None:
         raise TrainplanError("tokens", "a budget or a deadline needs --tokens (the length of the run)")
+    if objective != "time" and recipe.tokens is None:
+        raise TrainplanError(
+            "tokens",
+            f"--objective {objective} ranks by the run's cost, which needs --tokens (the length of the "
+            "run); give --tokens, or rank by time",
+        )
     if not accelerators:
         raise TrainplanError("hardware", "name at least one accelerator")
     if pue < 1.0:

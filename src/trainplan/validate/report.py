@@ -109,7 +109,14 @@ def run_all(names: list[str] | None = None) -> list[DatasetResult]:
     from trainplan.validate.hf_context import DATASET as HF_CONTEXT
     from trainplan.validate.hf_context import validate_hf_context
 
-    for name in (*TIMING_DATASETS, *MEMORY_DATASETS, HF_CONTEXT, *RLHF_DATASETS):
+    known = (*TIMING_DATASETS, *MEMORY_DATASETS, HF_CONTEXT, *RLHF_DATASETS)
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        raise TrainplanError(
+            "dataset",
+            f"unknown dataset {', '.join(map(repr, unknown))}; choose from {', '.join(sorted(known))}",
+        )
+    for name in known:
         if names and name not in names:
             continue
         if name in RLHF_DATASETS:

@@ -354,12 +354,20 @@ def _compare_figure(data: Any) -> Any:
     return fig
 
 
-def save_plot(kind: str, data: Any, path: str | Path) -> Path:
-    """Draw plot ``kind`` (:data:`KINDS`) of ``data`` to ``path`` (``.png`` or ``.svg``); returns the path."""
+def check_plot_path(path: str | Path) -> str:
+    """The format of a plot file name (``png`` or ``svg``); refused otherwise, so a command can
+    check ``--plot`` before it computes anything."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix not in FORMATS:
         raise TrainplanError("plot", f"'{p}': the file name must end in .png or .svg")
+    return suffix[1:]
+
+
+def save_plot(kind: str, data: Any, path: str | Path) -> Path:
+    """Draw plot ``kind`` (:data:`KINDS`) of ``data`` to ``path`` (``.png`` or ``.svg``); returns the path."""
+    p = Path(path)
+    suffix = "." + check_plot_path(p)
     fig = figure(kind, data)
     try:
         fig.savefig(p, format=suffix[1:], dpi=120)
