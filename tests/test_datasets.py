@@ -521,6 +521,7 @@ def test_recipe_columns_default_where_absent() -> None:
                 pp_split_head=f.pp_split_head,
                 torch_compile=f.torch_compile,
                 triton_attention=f.triton_attention,
+                etp=f.etp,  # Megatron Bridge's expert tensor-parallel size where it is not tp
             )
             assert r.optimizer is None and r.offload is None and f == only_comm, r.name
             if name == "torchtitan_llama3":

@@ -536,23 +536,32 @@ def group_placement(layout: Layout, system: Any) -> dict[str, GroupPlacement]:
             f"devices but the system has {devices}",
         )
     d = domain_size(system)
-    shapes = group_shapes(layout.tp, layout.cp, layout.dp, layout.ep, layout.pp)
+    shapes = group_shapes(layout.tp, layout.cp, layout.dp, layout.ep, layout.pp, layout.expert_tp)
     return {name: place_group(name, int(size), int(stride), d) for name, (size, stride) in shapes.items()}
 
 
-def group_shapes(tp: Int, cp: Int, dp: Int, ep: Int, pp: Int) -> dict[str, tuple[Int, Int]]:
+def group_shapes(
+    tp: Int, cp: Int, dp: Int, ep: Int, pp: Int, etp: Int | None = None
+) -> dict[str, tuple[Int, Int]]:
     """(size, stride) of every parallel group in Megatron-LM's rank order ``tp-cp-ep-dp-pp``
     (module docstring), over ``Num``: ``tp`` (stride 1), ``cp`` (stride tp), ``dp`` (stride
     tp·cp), ``shard`` (the ZeRO/FSDP group dp·cp, stride tp), ``ep`` (stride tp), ``expert_dp``
-    (dp·cp/ep, stride tp·ep), ``pp`` (stride tp·cp·dp)."""
+    (dp·cp/ep, stride tp·ep), ``pp`` (stride tp·cp·dp).
+
+    The expert groups follow Megatron-Core's expert rank order ``etp-ep-edp-pp``
+    (``parallel_state.initialize_model_parallel``, ``expert_decoder_rank_generator``): ``ep``
+    (stride etp) and ``expert_dp`` (tp·cp·dp / (ep·etp), stride etp·ep). With ``etp`` None or
+    tp they are the groups above; with etp = 1 (parallel folding) the expert-parallel group is
+    ``ep`` consecutive ranks."""
     shard = dp * cp
+    et = tp if etp is None else etp
     return {
         "tp": (tp, 1),
         "cp": (cp, tp),
         "dp": (dp, tp * cp),
         "shard": (shard, tp),
-        "ep": (ep, tp),
-        "expert_dp": (shard // ep, tp * ep),
+        "ep": (ep, et),
+        "expert_dp": (tp * shard // (ep * et), et * ep),
         "pp": (pp, tp * cp * dp),
     }
 
@@ -1007,6 +1016,7 @@ def tensor_parallel_traffic(
     overlap: Overlap = "none",
     recompute_skipped_reductions: Int = 0,
     entry_fraction: Num = 1.0,
+    mlp_free_layers: Int = 0,
 ) -> tuple[Traffic, ...]:
     """Tensor-parallel activation collectives of the layers on one device per step.
 
@@ -1033,10 +1043,22 @@ def tensor_parallel_traffic(
     ``(1 + entry_fraction) / 2`` of the activation bytes per call (the two regions' calls
     averaged: the ring time is affine in the bytes, so the sum is the same); the exit side
     (the reductions after the row-parallel layers) carries h.
+
+    ``mlp_free_layers``: layers whose MLP side has no tensor-parallel region (MoE layers under
+    parallel folding, ``Layout.etp`` = 1: the all-to-all hands each rank whole tokens for whole
+    experts, Megatron-Core ``MoEAlltoAllTokenDispatcher`` with a tensor-expert group of one);
+    their attention region remains.
     """
-    per_pass = 2 * layers * micro_batches
+    regions = 2 * layers - mlp_free_layers
+    per_pass = regions * micro_batches
     sp = sequence_parallel
-    entry_width = (1.0 + entry_fraction) / 2.0  # averaged over the attention and MLP regions
+    # the entry width averaged over the regions: attention (entry_fraction) on every layer, the
+    # MLP (1) on those that keep one
+    entry_width = (
+        (1.0 + entry_fraction) / 2.0
+        if _never(mlp_free_layers)
+        else (layers * entry_fraction + (layers - mlp_free_layers)) / regions
+    )
     out: list[Traffic] = []
     for phase in ("forward", "backward", "recompute"):
         ph: Phase = phase
@@ -1368,6 +1390,7 @@ class TrafficInputs:
     granularity: str = "block"
     overlap_param_gather: bool = False
     capacity_factor: float = 1.0  # routed-expert slots per routed token (flops.expert_slot_ratio)
+    etp: int | None = None  # expert tensor parallelism (Layout.etp; None: tp)
 
 
 def step_traffic(
@@ -1420,8 +1443,9 @@ def step_traffic(
         vector_units=vector_units,
         vector_fraction=vector_fraction,
     )
+    et = tp if x.etp is None else x.etp
     if spec.moe is not None:
-        tppe = as_float(tp * pp * ep) if sized else 1.0
+        tppe = as_float(et * pp * ep) if sized else 1.0
         out += data_parallel_traffic(
             zero=x.zero,
             param_bytes=x.expert_params / tppe * w if sized else 0.0,
@@ -1434,7 +1458,7 @@ def step_traffic(
             if sized
             else 0.0,
             micro_batches=m,
-            shard_size=shard // ep,
+            shard_size=tp * shard // (ep * et),
             group="expert_dp",
             prefix="expert_dp",
             overlap_param_gather=x.overlap_param_gather,
@@ -1445,6 +1469,11 @@ def step_traffic(
     b, s, h = x.micro_batch, float(seq_len), float(spec.hidden_size)
     act = b * (s / cp) * h * e if sized else 0.0
     if _may_span(tp):
+        # parallel folding: the experts take whole tokens from the all-to-all, so an MoE layer
+        # without shared experts has no tensor-parallel region around its MLP
+        folded = (
+            spec.moe is not None and x.etp is not None and x.etp != tp and not spec.moe.num_shared_experts
+        )
         out += tensor_parallel_traffic(
             activation_bytes=act,
             layers=layers,
@@ -1453,6 +1482,7 @@ def step_traffic(
             recompute_full=x.recompute_full,
             recompute_skipped_reductions=x.skipped_reductions,
             entry_fraction=tp_entry_fraction(spec),
+            mlp_free_layers=ceil_div(spec.num_moe_layers, pp) if folded else 0,
         )
     if _may_span(pp):
         out += pipeline_traffic(
@@ -1541,6 +1571,7 @@ def step_collectives(
             granularity=layout.zero3_granularity,
             overlap_param_gather=overlap_param_gather,
             capacity_factor=expert_slot_ratio(spec, recipe),
+            etp=layout.etp,
         ),
     )
     return timed_collectives(traffic, network, placements, device_bytes_per_s)

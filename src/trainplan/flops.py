@@ -350,6 +350,7 @@ def layer_gemms(
     ep: int = 1,
     slot_ratio: float = 1.0,
     einsum: tuple[int, int] | None = None,
+    etp: int | None = None,
 ) -> tuple[Gemm, ...]:
     """Forward weight GEMMs of one layer on one device that holds ``tokens`` tokens.
 
@@ -357,7 +358,9 @@ def layer_gemms(
     column-parallel layers (QKV, gate/up) and the input dimension of the row-parallel ones (out,
     down) by ``tp``. Routed experts under balanced routing: each of the ``E/ep`` local experts sees
     ``tokens·K·ep/E`` tokens (the ep group's tokens spread evenly; Fedus et al. 2021, Sec. 2.2 with
-    capacity factor 1). The router is not split by tp.
+    capacity factor 1). The router is not split by tp. The experts' linears split over ``etp``
+    (None: tp): with etp = 1 (parallel folding, ``Layout.etp``) each rank runs whole experts on
+    the rows of its own sequence-parallel shard, 1/tp of the ``tokens`` the tp group gathers.
 
     ``slot_ratio`` (:func:`expert_slot_ratio`): each expert runs on its padded capacity, ratio
     times the balanced rows. ``einsum`` = (S, E·C): the one-hot dispatch ``BSM,BSEC -> EBCM`` is
@@ -385,9 +388,10 @@ def layer_gemms(
     up_count = 2.0 if spec.gated else 1.0
     moe = spec.moe
     if moe is not None and spec.is_moe_layer(layer_idx):
+        et = tp if etp is None else etp
         local = moe.num_experts / ep
-        per_expert = tokens * moe.top_k * ep / moe.num_experts * slot_ratio
-        fe = moe.expert_ffn_hidden / tp
+        per_expert = tokens * moe.top_k * ep / moe.num_experts * slot_ratio * et / tp
+        fe = moe.expert_ffn_hidden / et
         gemms += [
             Gemm(name="router", m=tokens, n=moe.num_experts, k=h),
             Gemm(name="expert_up", m=per_expert, n=fe, k=h, count=local * up_count),

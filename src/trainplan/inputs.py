@@ -387,6 +387,16 @@ LAYOUT_FIELDS: Final = (
         help="expert-parallel degree",
     ),
     Field(
+        name="etp",
+        group="layout",
+        type=int,
+        positive=True,
+        help="expert tensor-parallel degree: 1 puts whole experts on each rank and folds the "
+        "expert-parallel groups into the tp·cp·dp ranks, so ep·etp divides tp·cp·dp (Megatron-Core "
+        "parallel folding, --expert-tensor-parallel-size 1; needs --sequence-parallel with tp > 1); "
+        "default: tp",
+    ),
+    Field(
         name="zero",
         group="layout",
         type=int,
@@ -1615,6 +1625,7 @@ def build_layout(values: Mapping[str, Any]) -> Layout:
         virtual_stages=values["virtual_stages"],
         pp_split_embedding=values.get("pp_split_embedding", False),
         pp_split_head=values.get("pp_split_head", False),
+        etp=values.get("etp"),
         **applied,  # type: ignore[arg-type]
     )
     _check_layout_flags_apply(values, layout)

@@ -195,6 +195,13 @@ class Layout:
     grad_accumulation: GradAccumulation = "fused"  # see GRAD_ACCUMULATIONS
     pp_split_embedding: bool = False  # the embedding takes one layer's place in the pipeline split
     pp_split_head: bool = False  # the LM head and loss take one layer's place in the pipeline split
+    etp: int | None = None
+    """Expert tensor parallelism: each routed expert's linears split over ``etp`` ranks. None is
+    ``tp`` (Megatron-Core's default ``expert_tensor_parallel_size``); 1 with ``tp > 1`` is its
+    parallel folding (MoE Parallel Folding, Liu et al. 2025, arXiv:2504.14960; Megatron-Core
+    ``parallel_state.initialize_model_parallel``): the expert-parallel group is carved from the
+    tp·cp·dp ranks of a pipeline stage, so ``ep·etp`` divides ``tp·cp·dp`` and whole experts sit
+    on each rank, fed by the all-to-all without a tensor-parallel gather (:attr:`expert_tp`)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep"):
@@ -283,9 +290,31 @@ class Layout:
                 "an interleaved schedule runs v >= 2 model chunks per stage; add --virtual-stages 2 "
                 "(or more), or use --pp-schedule 1f1b",
             )
-        if (self.dp * self.cp) % self.ep != 0:
+        if self.etp is not None:
+            check_int("etp", self.etp, high=MAX_DEVICES, error=LayoutError, what="devices")
+            if self.etp not in (1, self.tp):
+                raise LayoutError(
+                    "etp",
+                    f"etp={self.etp}: expert tensor parallelism is modelled as tp (the default, {self.tp}) "
+                    "or 1 (parallel folding: whole experts per rank); use --etp 1 or drop --etp",
+                )
+            if self.etp == 1 and self.tp > 1 and not self.sequence_parallel:
+                raise LayoutError(
+                    "etp",
+                    "--etp 1 with tp > 1 feeds the experts from the sequence-parallel shard of each tp "
+                    "rank (Megatron-Core requires sequence parallelism with MoE and tensor parallelism); "
+                    "add --sequence-parallel",
+                )
+        if self.expert_tp == self.tp:
+            if (self.dp * self.cp) % self.ep != 0:
+                raise LayoutError(
+                    "ep", f"ep={self.ep} does not divide dp·cp = {self.dp}·{self.cp} = {self.dp * self.cp}"
+                )
+        elif (self.tp * self.cp * self.dp) % self.ep != 0:
             raise LayoutError(
-                "ep", f"ep={self.ep} does not divide dp·cp = {self.dp}·{self.cp} = {self.dp * self.cp}"
+                "ep",
+                f"ep={self.ep} with --etp 1 does not divide tp·cp·dp = {self.tp}·{self.cp}·{self.dp} = "
+                f"{self.tp * self.cp * self.dp} (the ranks of a pipeline stage the expert groups fold into)",
             )
 
     @classmethod
@@ -309,6 +338,7 @@ class Layout:
         pp_split_embedding: bool = False,
         pp_split_head: bool = False,
         ep_comm_overlap: bool = False,
+        etp: int | None = None,
     ) -> Layout:
         """dp = devices / (tp·pp·cp), with an error that shows the arithmetic when it does not divide."""
         check_int("devices", devices, high=MAX_DEVICES, error=LayoutError, what="devices")
@@ -339,11 +369,23 @@ class Layout:
             pp_split_embedding=pp_split_embedding,
             pp_split_head=pp_split_head,
             ep_comm_overlap=ep_comm_overlap,
+            etp=etp,
         )
 
     @property
     def num_devices(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each routed expert's linears are split over: ``etp``, or ``tp`` when not given."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks that hold the same experts and reduce their gradients (the expert ZeRO group):
+        ``tp·cp·dp / (ep·etp)``, which is ``dp·cp / ep`` when etp = tp."""
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
 
     @property
     def shard_group(self) -> int:
@@ -369,10 +411,12 @@ class Layout:
                 )
             if model.moe.num_experts % self.ep != 0:
                 raise LayoutError("ep", f"ep={self.ep} does not divide {model.moe.num_experts} experts")
+        if self.etp is not None and model.moe is None:
+            raise LayoutError("etp", f"--etp splits routed experts; {model.name} is dense: drop --etp")
         ffn = model.ffn_hidden
         if ffn and ffn % self.tp != 0:
             raise LayoutError("tp", f"tp={self.tp} does not divide the MLP width {ffn}")
-        if model.moe is not None and model.moe.expert_ffn_hidden % self.tp != 0:
+        if model.moe is not None and model.moe.expert_ffn_hidden % self.expert_tp != 0:
             raise LayoutError(
                 "tp", f"tp={self.tp} does not divide the expert MLP width {model.moe.expert_ffn_hidden}"
             )
@@ -417,6 +461,8 @@ class Layout:
             parts.append(f"cp={self.cp}")
         if self.ep > 1:
             parts.append(f"ep={self.ep}" + ("+a2a-overlap" if self.ep_comm_overlap else ""))
+        if self.expert_tp != self.tp:
+            parts.append(f"etp={self.expert_tp}")
         parts.append(f"zero={self.zero}")
         if self.zero3_granularity != "block":
             parts.append(f"per-{self.zero3_granularity} gathers")

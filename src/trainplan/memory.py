@@ -738,12 +738,16 @@ def layer_activations(
         assert model.moe is not None
         moe = model.moe
         k = moe.top_k
-        routed_tokens = tokens * k  # balanced routing: each rank processes b·s·K token-expert pairs
+        # balanced routing: each rank processes b·s·K token-expert pairs of the tokens its expert
+        # tensor-parallel group gathers, at 1/etp of the expert width: with etp = t all the tp
+        # group's tokens, with etp = 1 (parallel folding) its own sequence-parallel shard
+        et = layout.expert_tp
+        routed_tokens = tokens * k * et / t
         # capacity padding (Recipe.moe_capacity_factor): each expert runs on all its C slots
         slots = routed_tokens * expert_slot_ratio(model, recipe)
         terms["router_probs"] = 4.0 * tokens * moe.num_experts
         capacity = expert_capacity(model, recipe)
-        width = moe.expert_ffn_hidden / t
+        width = moe.expert_ffn_hidden / et
         if recipe.moe_dispatch == "einsum" and capacity is not None:
             # GShard / MaxText dense_matmul (moe.py 14b5876e L677-689): the boolean dispatch mask
             # (saved for the input gradient of ``BSM,BSEC -> EBCM``) and the 16-bit combine mask,
@@ -1085,7 +1089,7 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
     gradients, 3 also parameters, each over the dp·cp group; routed experts over dp·cp/ep)."""
     z = layout.zero
     g_dense = layout.shard_group
-    g_exp = max(1, layout.shard_group // layout.ep)
+    g_exp = layout.expert_dp
     wb = BYTES_PER_ELEMENT[recipe.weight_dtype]
     master_b = 4.0 if recipe.keeps_master_weights else 0.0
     opt_b = optimizer_state_bytes_per_param(recipe)

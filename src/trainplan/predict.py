@@ -228,6 +228,7 @@ def layout_to_dict(layout: Layout) -> dict[str, object]:
         "grad_accumulation": layout.grad_accumulation,
         "pp_split_embedding": layout.pp_split_embedding,
         "pp_split_head": layout.pp_split_head,
+        "etp": layout.etp,
     }
 
 

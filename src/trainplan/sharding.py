@@ -14,7 +14,8 @@ Megatron-LM's split (Shoeybi et al. 2019, Sec. 3; Narayanan et al. 2021, Sec. 2.
 * norms, the router and learned position embeddings are replicated on every tp rank;
 * the embedding and the untied LM head are vocab-parallel (``V/tp`` rows each);
 * routed experts are split over ``ep`` ranks and each expert's linears over ``tp``
-  (Megatron-LM's default expert-tensor-parallel size = tp);
+  (Megatron-LM's default expert-tensor-parallel size = tp), or over ``etp`` = 1 under parallel
+  folding (``Layout.etp``: whole experts per rank);
 * pipeline stages take contiguous layer ranges, earlier stages taking the remainder; the
   embedding lives on the first stage, the final norm and LM head on the last (a tied LM head
   keeps its own copy of the embedding on the last stage when ``pp > 1``, as Megatron-LM does).
@@ -129,8 +130,10 @@ def _kv_out(model: ModelSpec, tp: int) -> tuple[int, int]:
     return model.kv_dim, model.head_dim * tp
 
 
-def layer_linears(model: ModelSpec, layer: int, tp: int, ep: int) -> list[Linear]:
-    """The linears of transformer layer ``layer`` on one tp rank of one ep rank."""
+def layer_linears(model: ModelSpec, layer: int, tp: int, ep: int, etp: int | None = None) -> list[Linear]:
+    """The linears of transformer layer ``layer`` on one tp rank of one ep rank; the routed
+    experts' split over ``etp`` ranks (None: tp, Megatron-Core's default)."""
+    etp = tp if etp is None else etp
     h, qd = model.hidden_size, model.q_dim
     _, kv_cols = _kv_out(model, tp)
     out: list[Linear]
@@ -147,7 +150,7 @@ def layer_linears(model: ModelSpec, layer: int, tp: int, ep: int) -> list[Linear
             for p in model.attention_projections
         ]
 
-    def mlp(prefix: str, width: int, count: int) -> list[Linear]:
+    def mlp(prefix: str, width: int, count: int, split_over: int = tp) -> list[Linear]:
         names = ("gate", "up", "down") if model.gated else ("up", "down")
         return [
             Linear(
@@ -155,7 +158,7 @@ def layer_linears(model: ModelSpec, layer: int, tp: int, ep: int) -> list[Linear
                 in_features=width if n == "down" else h,
                 out_features=h if n == "down" else width,
                 split="row" if n == "down" else "column",
-                tp=tp,
+                tp=split_over,
                 count=count,
             )
             for n in names
@@ -163,7 +166,7 @@ def layer_linears(model: ModelSpec, layer: int, tp: int, ep: int) -> list[Linear
 
     if model.is_moe_layer(layer):
         assert model.moe is not None
-        out += mlp("expert.", model.moe.expert_ffn_hidden, model.moe.num_experts // ep)
+        out += mlp("expert.", model.moe.expert_ffn_hidden, model.moe.num_experts // ep, etp)
         if model.moe.num_shared_experts:
             out += mlp("shared.", model.moe.shared_width, model.moe.num_shared_experts)
     else:
@@ -218,7 +221,7 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
     largest = largest_adapters = 0
     linears: list[tuple[Linear, int]] = []
     for i, n_layers in kinds:
-        lins = layer_linears(model, i, tp, ep)
+        lins = layer_linears(model, i, tp, ep, layout.expert_tp)
         linears += [(lin, n_layers) for lin in lins]
         lay_other = layer_other_params(model, i, tp)
         lay_total = lay_other

@@ -325,7 +325,14 @@ def _stage_gemm_efficiency(
             continue
         seen.add(kind)
         for g in layer_gemms(
-            model, i, tokens, tp=layout.tp, ep=layout.ep, slot_ratio=routing[0], einsum=routing[1]
+            model,
+            i,
+            tokens,
+            tp=layout.tp,
+            ep=layout.ep,
+            slot_ratio=routing[0],
+            einsum=routing[1],
+            etp=layout.expert_tp,
         ):
             m, n, k = max(1, round(g.m)), max(1, round(g.n)), max(1, round(g.k))
             e = gemm_efficiency(eff, m, n, k, dtype)

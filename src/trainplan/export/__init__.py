@@ -158,6 +158,12 @@ def export_plan(
             f"{target} cannot express Megatron-Core's expert all-to-all overlap; export to megatron or nemo, "
             "or plan without --ep-comm-overlap",
         )
+    if layout.expert_tp != layout.tp and target not in ("megatron", "nemo"):
+        raise TrainplanError(
+            "etp",
+            f"{target} is not written with expert tensor parallelism other than tp: export to megatron "
+            "(--expert-tensor-parallel-size) or nemo (expert_tensor_parallel_size), or plan without --etp",
+        )
     if recipe.recompute_modules is not None and target not in ("megatron", "nemo"):
         raise TrainplanError(
             "recompute_modules",

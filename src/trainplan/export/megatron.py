@@ -211,6 +211,8 @@ def _parallel_args(model: ModelSpec, layout: Layout, target: str = TARGET) -> li
     ]  # fmt: skip
     if layout.ep > 1:
         args += ["--expert-model-parallel-size", str(layout.ep)]
+    if layout.expert_tp != layout.tp:  # parallel folding (the default expert TP is tp)
+        args += ["--expert-tensor-parallel-size", str(layout.expert_tp)]
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     if layout.pp > 1 and layout.pp_schedule == "zb":

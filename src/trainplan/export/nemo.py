@@ -142,6 +142,7 @@ def _model(model: ModelSpec, recipe: Recipe, layout: Layout) -> dict[str, object
         else None,
         "context_parallel_size": layout.cp,
         "expert_model_parallel_size": layout.ep,
+        **({"expert_tensor_parallel_size": layout.expert_tp} if layout.expert_tp != layout.tp else {}),
         "sequence_parallel": layout.sequence_parallel,
         "account_for_embedding_in_pipeline_split": layout.pp_split_embedding,
         "account_for_loss_in_pipeline_split": layout.pp_split_head,

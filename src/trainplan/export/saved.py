@@ -78,7 +78,7 @@ def layout_from_dict(d: Mapping[str, Any]) -> Layout:
     from dataclasses import fields
 
     # The pipeline-split flags are newer than some saved plans; absent, the plan split evenly.
-    optional = {"pp_split_embedding", "pp_split_head"}
+    optional = {"pp_split_embedding", "pp_split_head", "etp"}  # etp: absent in plans before it, = tp
     return Layout(
         **{
             f.name: d[f.name]

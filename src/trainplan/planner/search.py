@@ -1048,6 +1048,12 @@ def plan(
         "tp_comm_overlap, pp_comm_overlap, ep_comm_overlap, zero3_granularity, grad_accumulation "
         f"({space.layout_options.describe()})"
     )
+    if model.moe is not None:
+        notes.append(
+            "not searched: expert tensor parallelism, held at etp = tp (Megatron-Core's default); "
+            "parallel folding (whole experts per rank, ep·etp dividing tp·cp·dp) is estimated with "
+            "`trainplan estimate --etp 1 --sequence-parallel`"
+        )
     if base.moe_capacity_factor is not None:
         # the routing is the user's (Recipe.moe_capacity_factor, moe_dispatch), not a search axis
         left_out = sum(invalid_cores.get(f"layout: {f}", 0) for f in ("tp", "cp"))

@@ -156,6 +156,8 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise RecipeError(
             "mtp_layers", "the reference models have no multi-token prediction modules; drop --mtp-layers"
         )
+    if layout.expert_tp != layout.tp:
+        raise LayoutError("etp", "run splits routed experts like the other linears (over tp); drop --etp")
     if model.mla is not None:
         raise ModelError(
             "model",

@@ -474,6 +474,8 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise UnsupportedConfig("context parallelism is not traced")
     if layout.ep > 1:
         raise UnsupportedConfig("expert parallelism is not traced")
+    if layout.expert_tp != layout.tp:
+        raise UnsupportedConfig("expert tensor parallelism other than tp (--etp) is not traced")
     if layout.zero in (1, 2):
         raise UnsupportedConfig("ZeRO-1/2 are not traced (FSDP2 implements ZeRO-3 only)")
     if recipe.moe_capacity_factor is not None or recipe.moe_dispatch != "gather":

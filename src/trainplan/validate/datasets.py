@@ -121,6 +121,7 @@ RECIPE_SWITCHES: Final = (
     "pp_split_head",
 )
 RECIPE_SETTINGS: Final = (
+    "etp",
     "mtp_layers",
     "recompute_modules",
     "loss_chunks",
@@ -172,6 +173,8 @@ class RecipeFlags:
                                ``capacity_factor``) → ``Recipe.moe_capacity_factor``
         moe_dispatch=D         gather or einsum (MaxText ``sparse_matmul=False``: one-hot dispatch
                                and combine matmuls) → ``Recipe.moe_dispatch``
+        etp=N                  expert tensor-parallel size (Megatron-Core
+                               ``expert_tensor_parallel_size``; 1: parallel folding) → ``Layout.etp``
         mtp_layers=D           multi-token prediction modules (Megatron-Core ``mtp_num_layers``)
                                → ``Recipe.mtp_layers``
         recompute_modules=a+b  Megatron-Core's selective recompute modules, ``+``-separated, or
@@ -201,6 +204,7 @@ class RecipeFlags:
     moe_capacity_factor: float | None = None  # None: not stated (dropless)
     moe_dispatch: str | None = None  # None: not stated (gather)
     mtp_layers: int = 0
+    etp: int | None = None  # None: not stated (Megatron's default, tp)
     recompute_modules: tuple[str, ...] | None = None  # None: not stated (Megatron's default, core_attn)
 
     @property
@@ -708,6 +712,7 @@ class _Cells:
             moe_capacity_factor=capacity,
             moe_dispatch=dispatch,
             mtp_layers=positive_int("mtp_layers") or 0,
+            etp=positive_int("etp"),
             recompute_modules=(
                 tuple(m.strip() for m in settings["recompute_modules"].split("+"))
                 if "recompute_modules" in settings

@@ -252,6 +252,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         grad_accumulation=flags.grad_accumulation or "fused",  # type: ignore[arg-type]
         pp_split_embedding=flags.pp_split_embedding,
         pp_split_head=flags.pp_split_head,
+        etp=flags.etp,
     )
     system = System(accelerator=get_accelerator(row.hardware), num_devices=row.num_devices)
     # the MTP modules are layers of the model the run trains (ModelSpec.with_mtp)

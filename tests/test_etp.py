@@ -1,0 +1,155 @@
+"""Expert tensor parallelism (``Layout.etp``): Megatron-Core's parallel folding, whole experts per
+rank with the expert-parallel group carved from the tp·cp·dp ranks of a pipeline stage."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from trainplan.cli import main
+from trainplan.comm import group_placement
+from trainplan.errors import LayoutError, TrainplanError
+from trainplan.export import export_plan
+from trainplan.flops import device_flops, layer_gemms
+from trainplan.hardware import get_accelerator
+from trainplan.hardware.system import System
+from trainplan.layout import Layout
+from trainplan.memory import layer_activations, memory_breakdown
+from trainplan.models import load_model
+from trainplan.models.params import count_params
+from trainplan.predict import estimate
+from trainplan.recipe import Recipe
+from trainplan.sharding import device_params
+
+QWEN = load_model("qwen3-30b-a3b")  # 128 experts, no shared expert
+RECIPE = Recipe(method="pretrain", seq_len=4096, micro_batch=1, global_batch=64, precision="bf16")
+# 16 ranks per stage: tp 2 · dp 8; ep 16 only folds (ep·etp = 16 divides tp·dp = 16)
+FOLDED = Layout(dp=8, tp=2, ep=16, etp=1, sequence_parallel=True, zero=1)
+DEFAULT = Layout(dp=8, tp=2, ep=8, sequence_parallel=True, zero=1)
+
+
+def test_the_default_is_tp_and_folding_needs_the_tp_ranks() -> None:
+    assert DEFAULT.expert_tp == 2 and DEFAULT.expert_dp == 1
+    assert FOLDED.expert_tp == 1 and FOLDED.expert_dp == 1
+    with pytest.raises(LayoutError, match="does not divide dp·cp"):
+        Layout(dp=8, tp=2, ep=16, sequence_parallel=True)  # etp = tp: ep must divide dp·cp
+    with pytest.raises(LayoutError, match="tp·cp·dp"):
+        Layout(dp=8, tp=2, ep=32, etp=1, sequence_parallel=True)
+    with pytest.raises(LayoutError, match="--sequence-parallel"):
+        Layout(dp=8, tp=2, ep=16, etp=1)
+    with pytest.raises(LayoutError, match=r"tp \(the default"):
+        Layout(dp=8, tp=4, ep=8, etp=2, sequence_parallel=True)
+    with pytest.raises(LayoutError, match="dense"):
+        Layout(dp=8, tp=2, etp=1, sequence_parallel=True).check_model(load_model("llama-3.1-8b"))
+    assert "etp=1" in FOLDED.describe() and "etp" not in DEFAULT.describe()
+
+
+def test_whole_experts_per_rank_and_the_ep_ranks_hold_every_expert() -> None:
+    dev = device_params(QWEN, FOLDED, 0)
+    moe = QWEN.moe
+    assert moe is not None
+    per_expert = (3 * QWEN.hidden_size * moe.expert_ffn_hidden) * QWEN.num_moe_layers
+    assert dev.expert_linear == per_expert * moe.num_experts // 16  # 8 whole experts, no tp split
+    assert dev.expert_linear * 16 == count_params(QWEN).moe_experts
+    # the default splits each of 16 experts over tp = 2: the same count per device
+    assert device_params(QWEN, DEFAULT, 0).expert_linear == per_expert * 16 // 2
+
+
+def test_the_flops_per_device_are_those_of_the_default_split() -> None:
+    """Balanced routing: 1/tp of the tokens at the full expert width, or all the tp group's
+    tokens at 1/tp of it; the same FLOPs, other GEMM shapes."""
+    folded, default = (
+        device_flops(QWEN, RECIPE, lay)[0] for lay in (FOLDED, replace(FOLDED, etp=None, ep=8))
+    )
+    assert folded.forward.gemm_flops == pytest.approx(default.forward.gemm_flops, rel=1e-12)
+    g1 = {g.name: g for g in layer_gemms(QWEN, 0, 4096.0, tp=2, ep=16, etp=1)}
+    g2 = {g.name: g for g in layer_gemms(QWEN, 0, 4096.0, tp=2, ep=8)}
+    assert g1["expert_up"].n == 2 * g2["expert_up"].n and g1["expert_up"].m == g2["expert_up"].m
+    assert sum(g.flops for g in g1.values()) == pytest.approx(sum(g.flops for g in g2.values()), rel=1e-12)
+
+
+def test_the_expert_inputs_are_the_rank_s_own_shard() -> None:
+    folded = layer_activations(QWEN, RECIPE, FOLDED, 0).terms
+    default = layer_activations(QWEN, RECIPE, DEFAULT, 0).terms
+    assert folded["expert_inputs"] * 2 == pytest.approx(default["expert_inputs"])
+    assert (
+        memory_breakdown(QWEN, RECIPE, FOLDED).activations_bytes
+        < memory_breakdown(QWEN, RECIPE, DEFAULT).activations_bytes
+    )
+
+
+def _calls(layout: Layout, model: str = "qwen3-30b-a3b") -> float:
+    spec = load_model(model)
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=layout.num_devices)
+    est = estimate(system, spec, RECIPE, layout)
+    return sum(c.calls for c in est.time.collectives if c.group == "tp")
+
+
+def test_moe_layers_without_shared_experts_lose_their_mlp_tp_region() -> None:
+    """48 layers, all MoE: two tp regions per layer by default, the attention's alone folded."""
+    assert _calls(FOLDED) * 2 == pytest.approx(_calls(replace(FOLDED, etp=None, ep=8)))
+
+
+def test_the_expert_groups_follow_megatron_s_expert_rank_order() -> None:
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=16)
+    folded = group_placement(FOLDED, system)
+    default = group_placement(DEFAULT, system)
+    assert (folded["ep"].size, folded["ep"].stride) == (16, 1)
+    assert (default["ep"].size, default["ep"].stride) == (8, 2)
+    assert folded["ep"].level == "hierarchical"  # 16 consecutive ranks span two 8-GPU nodes
+    assert (folded["expert_dp"].size, default["expert_dp"].size) == (1, 1)
+
+
+def test_the_expert_gradients_reduce_over_the_folded_expert_dp_group() -> None:
+    lay = Layout(dp=16, tp=2, ep=8, etp=1, sequence_parallel=True, zero=1)  # edp = 32 / 8 = 4
+    assert lay.expert_dp == 4
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=32)
+    est = estimate(system, QWEN, replace(RECIPE, global_batch=128), lay)
+    sizes = {c.group_size for c in est.time.collectives if c.group == "expert_dp"}
+    assert sizes == {4}
+
+
+def test_exports() -> None:
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=16)
+    text = export_plan("megatron", system, QWEN, RECIPE, FOLDED).text
+    assert "--expert-tensor-parallel-size 1 \\\n" in text
+    assert "expert_tensor_parallel_size" in export_plan("nemo", system, QWEN, RECIPE, FOLDED).text
+    assert "--expert-tensor-parallel-size" not in export_plan("megatron", system, QWEN, RECIPE, DEFAULT).text
+    with pytest.raises(TrainplanError, match="megatron"):
+        export_plan("torchtitan", system, QWEN, RECIPE, FOLDED)
+
+
+def test_the_cli_estimates_it_and_the_plan_says_it_is_not_searched(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [
+        "estimate",
+        "qwen3-30b-a3b",
+        "--hardware",
+        "h100-sxm",
+        "--devices",
+        "16",
+        "--tp",
+        "2",
+        "--ep",
+        "16",
+    ]
+    assert main([*args, "--etp", "1", "--sequence-parallel", "--global-batch", "64"]) == 0
+    assert "etp=1" in capsys.readouterr().out
+    assert main([*args, "--global-batch", "64", "--sequence-parallel"]) == 2  # ep 16 without folding
+    assert "--etp" not in capsys.readouterr().out
+    assert main(["plan", "qwen3-30b-a3b", "--hardware", "h100-sxm", "--devices", "8", "--top", "1"]) == 0
+    assert "expert tensor parallelism" in capsys.readouterr().out
+
+
+def test_the_folded_megatron_bridge_rows_are_scored() -> None:
+    from trainplan.validate.datasets import timing_rows
+    from trainplan.validate.timing import predict_row
+
+    rows = [r for r in timing_rows("megatron_bridge_moe") if "235b" in r.name and "tp2" in r.name]
+    assert len(rows) == 3
+    for row in rows:
+        assert row.verification == "VERBATIM" and row.recipe_flags.etp == 1
+        res = predict_row(row)
+        assert not res.skipped and res.error is not None and abs(res.error) < 0.5, res
