@@ -120,7 +120,7 @@ def test_exports() -> None:
         export_plan("torchtitan", system, QWEN, RECIPE, FOLDED)
 
 
-def test_the_cli_estimates_it_and_the_plan_says_it_is_not_searched(
+def test_the_cli_estimates_it_and_the_planner_finds_folded_plans(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     args = [
@@ -139,8 +139,11 @@ def test_the_cli_estimates_it_and_the_plan_says_it_is_not_searched(
     assert "etp=1" in capsys.readouterr().out
     assert main([*args, "--global-batch", "64", "--sequence-parallel"]) == 2  # ep 16 without folding
     assert "--etp" not in capsys.readouterr().out
-    assert main(["plan", "qwen3-30b-a3b", "--hardware", "h100-sxm", "--devices", "8", "--top", "1"]) == 0
-    assert "expert tensor parallelism" in capsys.readouterr().out
+    # qwen3-30b-a3b on 16 GPUs at tp 2: ep 16 only folds; the planner keeps folded layouts
+    from trainplan.planner import SearchSpace, enumerate_cores
+
+    cores, _ = enumerate_cores(QWEN, RECIPE, SearchSpace(micro_batches=(1,), max_devices=16), 8)
+    assert any(c.etp == 1 and c.ep == 16 and c.tp == 2 for c in cores)
 
 
 def test_the_folded_megatron_bridge_rows_are_scored() -> None:
@@ -153,3 +156,56 @@ def test_the_folded_megatron_bridge_rows_are_scored() -> None:
         assert row.verification == "VERBATIM" and row.recipe_flags.etp == 1
         res = predict_row(row)
         assert not res.skipped and res.error is not None and abs(res.error) < 0.5, res
+
+
+def test_the_planner_searches_folding_and_its_best_equals_brute_force() -> None:
+    """The planner's fastest plan over a space with etp (0: tp, 1: folded) equals the best
+    ``estimate`` over every layout of the same space, folding included."""
+    import itertools
+    import math
+
+    from trainplan.planner import Core, SearchSpace, plan
+
+    model = load_model("qwen1.5-moe-a2.7b")  # 60 experts: ep in 1, 2, 4
+    recipe = Recipe(method="pretrain", tokens=1e9, global_batch=16, seq_len=2048)
+    space = SearchSpace(
+        micro_batches=(1,),
+        recomputes=("none", "full"),
+        offloads=("none",),
+        device_counts=(8,),
+        pp_schedules=("1f1b",),
+        max_pp=2,
+        max_devices=8,
+    )
+    acc = get_accelerator("h100-sxm")
+    result = plan(model, recipe, [acc], space=space, objective="time", top=3)
+    best, best_cfg, folded = math.inf, None, 0
+    for tp, pp, cp, ep, etp, sp, zero, rc in itertools.product(
+        (1, 2, 4, 8), (1, 2), (1, 2), (1, 2, 4), (0, 1), (False, True), (0, 1, 2, 3), ("none", "full")
+    ):
+        if 8 % (tp * pp * cp):
+            continue
+        core = Core(
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            sequence_parallel=sp,
+            micro_batch=1,
+            recompute=rc,  # type: ignore[arg-type]
+            offload="none",
+            precision="bf16",
+            pp_schedule="1f1b",
+            virtual_stages=1,
+            etp=etp,
+        )
+        try:
+            lay = core.layout(8 // (tp * pp * cp), zero)
+            e = estimate(System(accelerator=acc, num_devices=8), model, core.recipe(recipe), lay)
+        except TrainplanError:
+            continue
+        folded += bool(etp)
+        if e.feasible and e.run.time_s is not None and e.run.time_s < best:
+            best, best_cfg = e.run.time_s, lay
+    assert folded > 0 and result.fastest is not None
+    assert result.fastest.estimate.run.time_s == pytest.approx(best, rel=1e-9), best_cfg

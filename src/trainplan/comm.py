@@ -1054,11 +1054,13 @@ def tensor_parallel_traffic(
     sp = sequence_parallel
     # the entry width averaged over the regions: attention (entry_fraction) on every layer, the
     # MLP (1) on those that keep one
-    entry_width = (
-        (1.0 + entry_fraction) / 2.0
-        if _never(mlp_free_layers)
-        else (layers * entry_fraction + (layers - mlp_free_layers)) / regions
-    )
+    entry_width: Num = (1.0 + entry_fraction) / 2.0
+    if not _never(mlp_free_layers):
+        entry_width = where(
+            mlp_free_layers == 0,
+            entry_width,
+            (layers * entry_fraction + (layers - mlp_free_layers)) / regions,
+        )
     out: list[Traffic] = []
     for phase in ("forward", "backward", "recompute"):
         ph: Phase = phase
@@ -1390,7 +1392,7 @@ class TrafficInputs:
     granularity: str = "block"
     overlap_param_gather: bool = False
     capacity_factor: float = 1.0  # routed-expert slots per routed token (flops.expert_slot_ratio)
-    etp: int | None = None  # expert tensor parallelism (Layout.etp; None: tp)
+    etp: Int | None = None  # expert tensor parallelism (Layout.etp, an array in the planner; None: tp)
 
 
 def step_traffic(
@@ -1471,9 +1473,9 @@ def step_traffic(
     if _may_span(tp):
         # parallel folding: the experts take whole tokens from the all-to-all, so an MoE layer
         # without shared experts has no tensor-parallel region around its MLP
-        folded = (
-            spec.moe is not None and x.etp is not None and x.etp != tp and not spec.moe.num_shared_experts
-        )
+        free: Int = 0
+        if spec.moe is not None and not spec.moe.num_shared_experts and x.etp is not None:
+            free = cast(Int, where(x.etp != tp, ceil_div(spec.num_moe_layers, pp), 0))
         out += tensor_parallel_traffic(
             activation_bytes=act,
             layers=layers,
@@ -1482,7 +1484,7 @@ def step_traffic(
             recompute_full=x.recompute_full,
             recompute_skipped_reductions=x.skipped_reductions,
             entry_fraction=tp_entry_fraction(spec),
-            mlp_free_layers=ceil_div(spec.num_moe_layers, pp) if folded else 0,
+            mlp_free_layers=free,
         )
     if _may_span(pp):
         out += pipeline_traffic(

@@ -177,6 +177,14 @@ class Core:
     precision: Precision
     pp_schedule: PipelineSchedule
     virtual_stages: int
+    etp: int = 0
+    """Expert tensor parallelism: 0 is the default, tp (``Layout.etp`` None); 1 is parallel
+    folding (``Layout.etp`` = 1)."""
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each routed expert is split over (``Layout.expert_tp``)."""
+        return self.tp if self.etp == 0 else self.etp
 
     @classmethod
     def of_valid(cls, fields: Mapping[str, object]) -> Core:
@@ -200,6 +208,7 @@ class Core:
             sequence_parallel=self.sequence_parallel,
             pp_schedule=self.pp_schedule,
             virtual_stages=self.virtual_stages,
+            etp=self.etp or None,
             **cast(
                 Any,
                 options.for_candidate(
@@ -752,7 +761,7 @@ class BulkEvaluator:
         self._stage_work: list[float] = []
         self._stage_layers: list[tuple[tuple[int, ...], tuple[bool, ...]]] = []
         self._flop_rows: dict[int, tuple[int, int]] = {}
-        self._eta_of_row: dict[tuple[int, int], int] = {}
+        self._eta_of_row: dict[tuple[int, int, int], int] = {}
         self._eta_cache: dict[int, FloatArray] = {}
         self._eta_index: dict[tuple[object, ...], int] = {}
         self._eta_keys: list[tuple[tuple[Any, ...], tuple[int, ...], Layout]] = []
@@ -789,9 +798,12 @@ class BulkEvaluator:
         )
         self._time_tab = np.full((8, len(accelerators), len(self._fkeys)), np.nan)
 
-    def _layout(self, dp: int, tp: int, pp: int, cp: int, ep: int, zero: int, *rest: object) -> Layout:
-        """Layouts are validated on construction; the tables reuse them."""
-        key = (dp, tp, pp, cp, ep, zero, *rest)
+    def _layout(
+        self, dp: int, tp: int, pp: int, cp: int, ep: int, zero: int, *rest: object, etp: int = 0
+    ) -> Layout:
+        """Layouts are validated on construction; the tables reuse them. ``etp``: as
+        :attr:`Core.etp` (folding needs sequence parallelism: give the ``rest``)."""
+        key = (dp, tp, pp, cp, ep, zero, etp, *rest)
         got = self._layout_cache.get(key)
         if got is None:
             if rest:
@@ -806,6 +818,7 @@ class BulkEvaluator:
                     sequence_parallel=cast(bool, sp),
                     pp_schedule=cast(PipelineSchedule, sched),
                     virtual_stages=cast(int, v),
+                    etp=etp or None,
                 )
             else:
                 got = Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero)
@@ -813,7 +826,8 @@ class BulkEvaluator:
         return got
 
     def _core_layout(self, core: Core) -> Layout:
-        """``core.layout(core.ep, 0)``: the smallest data-parallel degree ``ep`` allows."""
+        """``core.layout(core.ep, 0)``: the smallest data-parallel degree ``ep`` allows (with
+        parallel folding too: tp·cp·ep is a multiple of ep)."""
         return self._layout(
             core.ep,
             core.tp,
@@ -824,6 +838,7 @@ class BulkEvaluator:
             core.sequence_parallel,
             core.pp_schedule,
             core.virtual_stages,
+            etp=core.etp,
         )
 
     # ----- memory tables ------------------------------------------------------------------
@@ -846,14 +861,18 @@ class BulkEvaluator:
         for i, core in enumerate(reps):
             recipe = core.recipe(self.base)
             dp1 = core.ep
-            canonical = self._layout(dp1, core.tp, core.pp, core.cp, core.ep, 0)
+            # parallel folding needs sequence parallelism: those layouts carry the core's schedule
+            rest = (core.sequence_parallel, core.pp_schedule, core.virtual_stages) if core.etp else ()
+            canonical = self._layout(dp1, core.tp, core.pp, core.cp, core.ep, 0, *rest, etp=core.etp)
             for k, stage in enumerate(sorted({0, core.pp - 1})):
                 dev = device_params(self.model, canonical, stage, recipe.lora)
                 for z in ZERO_STAGES:
                     try:
-                        lay1 = self._layout(dp1, core.tp, core.pp, core.cp, core.ep, z)
+                        lay1 = self._layout(dp1, core.tp, core.pp, core.cp, core.ep, z, *rest, etp=core.etp)
                         st1 = _model_states(self.model, recipe, lay1, dev)
-                        lay2 = self._layout(2 * dp1, core.tp, core.pp, core.cp, core.ep, z)
+                        lay2 = self._layout(
+                            2 * dp1, core.tp, core.pp, core.cp, core.ep, z, *rest, etp=core.etp
+                        )
                         st2 = _model_states(self.model, recipe, lay2, dev)
                     except TrainplanError:
                         continue
@@ -903,10 +922,11 @@ class BulkEvaluator:
                 prec_code[c.precision],
                 sched_code[c.pp_schedule],
                 c.virtual_stages,
+                c.etp,
             )
             for c in cores
         ]
-        tab = np.array(rows, dtype=np.int64).reshape(n, 11)
+        tab = np.array(rows, dtype=np.int64).reshape(n, 12)
         span = tab.max(axis=0, initial=0) + 1
 
         def code(columns: tuple[int, ...]) -> IntArray:
@@ -921,7 +941,7 @@ class BulkEvaluator:
 
         # Model states (memory._model_states) read the layout degrees, the precision and the
         # offload of the recipe; not the micro-batch, recompute, sequence parallelism or schedule.
-        s_of_core, s_first = keyed((0, 1, 2, 3, 8, 7))
+        s_of_core, s_first = keyed((0, 1, 2, 3, 8, 7, 11))
         # states[key, zero, stage(0=first, 1=last), 2*nf + 2]
         s_tab = self._state_tables([cores[c] for c in s_first])
         # Saved activations, logits and transients (memory.stage_activations with one in-flight
@@ -929,7 +949,7 @@ class BulkEvaluator:
         # cp, sequence parallelism, the stage's layers (pp) and the recipe's micro-batch,
         # recompute and precision; the schedule only through the in-flight count; not ep, dp,
         # ZeRO or offload. Each distinct call is made once: keyed by those inputs.
-        a_of_core, a_first = keyed((0, 1, 2, 4, 5, 6, 8, 9, 10))
+        a_of_core, a_first = keyed((0, 1, 2, 4, 5, 6, 8, 9, 10, 11))
         a_tab = np.zeros((len(a_first), 2, 10))
         # memory._stage_breakdown: a block's input x (FSDP2 moments) and the gradient of each
         # stage's input at the end of backward (first, last stage); they read the same inputs
@@ -951,7 +971,7 @@ class BulkEvaluator:
             )
             blocks: dict[tuple[int, bool], Any] = {}  # a layer's saved set, shared by both stages
             for k, stage in enumerate((0, core.pp - 1)):
-                okey = (row[0], row[1], row[2], row[4], *rkey, stage)
+                okey = (row[0], row[1], row[2], row[4], row[11], *rkey, stage)
                 one = ones.get(okey)
                 if one is None:
                     one = ones[okey] = stage_activations(model, recipe, layout, stage, 1, blocks=blocks)
@@ -1007,7 +1027,7 @@ class BulkEvaluator:
         self._s_trainable = flat[cz, :, 2 * nf]
         self._s_params = flat[cz, :, 2 * nf + 1]
         # the same core one offload step lower (optimizer -> none, optimizer+params -> optimizer)
-        full_code = code(tuple(range(11)))
+        full_code = code(tuple(range(12)))
         order = np.argsort(full_code)
         lower = full_code - int(np.prod(span[8:]))  # offload (column 7) one lower
         at = np.minimum(np.searchsorted(full_code, lower, sorter=order), n - 1)
@@ -1025,16 +1045,19 @@ class BulkEvaluator:
         self._block_backward_later = block_later
         columns = {"tp": 0, "pp": 1, "cp": 2, "ep": 3, "micro_batch": 5, "virtual_stages": 10}
         self._c_int = {name: np.ascontiguousarray(tab[:, j]) for name, j in columns.items()}
+        # the ranks each routed expert is split over (Core.expert_tp): tp, or 1 when folded
+        self._c_int["etp"] = np.where(tab[:, 11] > 0, tab[:, 11], tab[:, 0])
+        self._folding = bool((tab[:, 11] > 0).any())
         # Compute keys: the work of a micro-batch does not depend on offload or on the schedule
         # beyond its virtual stages. Their stage work (flops.device_flops) does not depend on ep
         # either (balanced routing), so it is shared by the compute keys that differ only in ep.
-        fk_of_core, fk_first = keyed((0, 1, 2, 3, 4, 5, 6, 8, 10))
+        fk_of_core, fk_first = keyed((0, 1, 2, 3, 4, 5, 6, 8, 10, 11))
         self._fkeys = [cores[c] for c in fk_first]  # their offload and schedule are not read
         self._fkey_core = np.array(fk_first, dtype=np.int64)  # a core of each compute key
         self._c_fkey = fk_of_core
         flop_of_core, _ = keyed((0, 1, 2, 4, 5, 6, 8, 10))
         # Collective sizes and groups: tp, pp, cp, ep, sequence parallelism, micro-batch, precision.
-        self._c_comm, comm_first = keyed((0, 1, 2, 3, 4, 5, 8))
+        self._c_comm, comm_first = keyed((0, 1, 2, 3, 4, 5, 8, 11))
         self._n_comm = len(comm_first)
         self._fkey_flops = flop_of_core[self._fkey_core]
         self._c_sp = tab[:, 4] == 1
@@ -1237,17 +1260,17 @@ class BulkEvaluator:
     def _eta_row(self, core: Core, row: int) -> int:
         """Index of the (stage kinds, tokens, tp, ep, precision) key of ``_stage_gemm_efficiency``
         for stage ``row`` of the stage store run by ``core``."""
-        got = self._eta_of_row.get((row, core.ep))
+        got = self._eta_of_row.get((row, core.ep, core.etp))
         if got is not None:
             return got
         layers, kinds = self._stage_layers[row]
         tokens = core.micro_batch * (self.base.seq_len // core.cp)
-        key = (kinds, tokens, core.tp, core.ep, self._prec_index[core.precision])
+        key = (kinds, tokens, core.tp, core.ep, self._prec_index[core.precision], core.etp)
         i = self._eta_index.get(key)
         if i is None:
             i = self._eta_index[key] = len(self._eta_keys)
             self._eta_keys.append((key, layers, self._core_layout(core)))
-        self._eta_of_row[(row, core.ep)] = i
+        self._eta_of_row[(row, core.ep, core.etp)] = i
         return i
 
     def _eta_values(self, e: int, accs: IntArray) -> FloatArray:
@@ -1256,7 +1279,7 @@ class BulkEvaluator:
         Accelerators whose efficiency figures are equal (their descriptive fields aside) and
         that compute in the same dtype get the same value: it is computed once for them.
         """
-        (_, tokens, _, _, p), layers, layout = self._eta_keys[e]
+        (_, tokens, _, _, p, _), layers, layout = self._eta_keys[e]
         row = self._eta_cache.get(e)
         if row is None:
             row = self._eta_cache[e] = np.full(len(self.accelerators), np.nan)
@@ -1567,6 +1590,7 @@ class BulkEvaluator:
                 trainable_expert_params=self._c_texpert[core],
                 granularity=self.options.zero3_granularity,
                 capacity_factor=self._routing[0],
+                etp=self._c_int["etp"][core] if self._folding else None,
             ),
             with_buffers=with_buffers,
         )
@@ -1614,7 +1638,7 @@ class BulkEvaluator:
             for u, o in zip(up, (col("out_bw"), col("out_lat"), col("out_eff")), strict=True)
         )
         protocols = col("protocols") > 0.0
-        shapes = group_shapes(tp, cp, dp, ep, pp)
+        shapes = group_shapes(tp, cp, dp, ep, pp, self._c_int["etp"][c] if self._folding else None)
         placed: dict[str, tuple[IntArray, IntArray]] = {}
         out: dict[str, FloatArray] = {}
         zeros = np.zeros(n, dtype=np.int64)

@@ -378,51 +378,61 @@ def enumerate_cores(
                         continue
                     choices.append({"micro_batch": mb, "recompute": rc, "offload": off, "precision": prec})
     for tp in tps:
+        # (ep, sequence parallelism, etp): parallel folding (Layout.etp = 1) where it differs
+        # from the default split, experts spread over ep ranks with tp > 1 and sequence parallelism
+        splits = [
+            (e, s, f)
+            for e in eps
+            for s in ((False, True) if tp > 1 else (False,))
+            for f in ((0, 1) if e > 1 and s else (0,))
+        ]
         for pp in pps:
             for cp in cps:
-                for ep in eps:
-                    for sp in (False, True) if tp > 1 else (False,):
-                        scheds: list[tuple[str, int]] = [("1f1b", 1)]
-                        if pp > 1:
-                            if "interleaved" in space.pp_schedules and 2 * pp <= model.num_layers:
-                                scheds.append(("interleaved", 2))
-                            if "zb" in space.pp_schedules:
-                                scheds.append(("zb", 1))
-                            if "1f1b" not in space.pp_schedules:
-                                scheds = scheds[1:] or scheds
-                        for sched, v in scheds:
-                            try:
-                                lay = Layout(
-                                    dp=ep,
-                                    tp=tp,
-                                    pp=pp,
-                                    cp=cp,
-                                    ep=ep,
-                                    sequence_parallel=sp,
-                                    pp_schedule=sched,  # type: ignore[arg-type]
-                                    virtual_stages=v,
-                                )
-                                lay.check_model(model)
-                                lay.check_batch(seq_len=seq, micro_batch=1, global_batch=None)
-                                check_moe_routing(base, lay)  # the scalar estimate raises it too
-                                check_mla_layout(model, base, lay)
-                            except TrainplanError as err:
-                                invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
-                                continue
-                            for k, count in recipe_invalid.items():
-                                invalid[k] = invalid.get(k, 0) + count
-                            shared: dict[str, object] = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
-                            shared |= {"sequence_parallel": sp, "pp_schedule": sched, "virtual_stages": v}
-                            # Per-op selective checkpointing is modelled for dense blocks without
-                            # tensor or context parallelism (sac.check_sac, which the scalar
-                            # estimate raises): its cores elsewhere are invalid, not searched.
-                            sac_ok = not model.num_moe_layers and tp == 1 and cp == 1
-                            valid = [c for c in choices if sac_ok or c["recompute"] != "sac"]
-                            if len(valid) < len(choices):
-                                invalid["recompute: sac"] = (
-                                    invalid.get("recompute: sac", 0) + len(choices) - len(valid)
-                                )
-                            cores += [Core.of_valid(shared | choice) for choice in valid]
+                for ep, sp, etp in splits:
+                    scheds: list[tuple[str, int]] = [("1f1b", 1)]
+                    if pp > 1:
+                        if "interleaved" in space.pp_schedules and 2 * pp <= model.num_layers:
+                            scheds.append(("interleaved", 2))
+                        if "zb" in space.pp_schedules:
+                            scheds.append(("zb", 1))
+                        if "1f1b" not in space.pp_schedules:
+                            scheds = scheds[1:] or scheds
+                    for sched, v in scheds:
+                        try:
+                            lay = Layout(
+                                dp=ep,
+                                tp=tp,
+                                pp=pp,
+                                cp=cp,
+                                ep=ep,
+                                sequence_parallel=sp,
+                                pp_schedule=sched,  # type: ignore[arg-type]
+                                virtual_stages=v,
+                                etp=etp or None,
+                            )
+                            lay.check_model(model)
+                            lay.check_batch(seq_len=seq, micro_batch=1, global_batch=None)
+                            check_moe_routing(base, lay)  # the scalar estimate raises it too
+                            check_mla_layout(model, base, lay)
+                        except TrainplanError as err:
+                            invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
+                            continue
+                        for k, count in recipe_invalid.items():
+                            invalid[k] = invalid.get(k, 0) + count
+                        shared: dict[str, object] = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
+                        shared |= {"sequence_parallel": sp, "pp_schedule": sched, "virtual_stages": v}
+                        if etp:
+                            shared["etp"] = etp
+                        # Per-op selective checkpointing is modelled for dense blocks without
+                        # tensor or context parallelism (sac.check_sac, which the scalar
+                        # estimate raises): its cores elsewhere are invalid, not searched.
+                        sac_ok = not model.num_moe_layers and tp == 1 and cp == 1
+                        valid = [c for c in choices if sac_ok or c["recompute"] != "sac"]
+                        if len(valid) < len(choices):
+                            invalid["recompute: sac"] = (
+                                invalid.get("recompute: sac", 0) + len(choices) - len(valid)
+                            )
+                        cores += [Core.of_valid(shared | choice) for choice in valid]
     # the order of Core's comparison (its fields in turn), by key rather than by comparisons
     cores.sort(key=operator.attrgetter(*(f.name for f in fields(Core))))
     return cores, invalid
@@ -457,12 +467,21 @@ def enumerate_candidates(
     off_code = {o: i for i, o in enumerate(OFFLOADS)}
     tab = np.array(
         [
-            (c.tp, c.tp * c.pp * c.cp, c.cp, c.ep, off_code[c.offload], prec_code[c.precision], c.micro_batch)
+            (
+                c.tp,
+                c.tp * c.pp * c.cp,
+                c.cp,
+                c.ep,
+                off_code[c.offload],
+                prec_code[c.precision],
+                c.micro_batch,
+                c.tp if c.etp else 1,  # the expert groups fold into tp·cp·dp ranks, else dp·cp
+            )
             for c in cores
         ],
         dtype=np.int64,
-    ).reshape(len(cores), 7)
-    tp, mp, cp, ep, off, prec, _mbs = (np.ascontiguousarray(tab[:, j]) for j in range(7))
+    ).reshape(len(cores), 8)
+    tp, mp, cp, ep, off, prec, _mbs, fold = (np.ascontiguousarray(tab[:, j]) for j in range(8))
     tp_max = int(tp.max(initial=1))
     off_none, off_params = off_code["none"], off_code["optimizer+params"]
     zeros = np.array(space.zero_stages, dtype=np.int64)
@@ -485,7 +504,7 @@ def enumerate_candidates(
         dpi = np.repeat(dp, zeros.size)
         zi = np.tile(zeros, idx.size)
         shard = dpi * cp[ci]
-        keep = shard % ep[ci] == 0
+        keep = (shard * fold[ci]) % ep[ci] == 0
         drops["ep does not divide dp·cp"] = int((~keep).sum())
         offz = off[ci]
         need_zero = ((offz != off_none) & (zi == 0)) | ((offz == off_params) & (zi != 3))
@@ -1048,12 +1067,6 @@ def plan(
         "tp_comm_overlap, pp_comm_overlap, ep_comm_overlap, zero3_granularity, grad_accumulation "
         f"({space.layout_options.describe()})"
     )
-    if model.moe is not None:
-        notes.append(
-            "not searched: expert tensor parallelism, held at etp = tp (Megatron-Core's default); "
-            "parallel folding (whole experts per rank, ep·etp dividing tp·cp·dp) is estimated with "
-            "`trainplan estimate --etp 1 --sequence-parallel`"
-        )
     if base.moe_capacity_factor is not None:
         # the routing is the user's (Recipe.moe_capacity_factor, moe_dispatch), not a search axis
         left_out = sum(invalid_cores.get(f"layout: {f}", 0) for f in ("tp", "cp"))
