@@ -4,6 +4,7 @@ rank with the expert-parallel group carved from the tp·cp·dp ranks of a pipeli
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -79,16 +80,39 @@ def test_the_expert_inputs_are_the_rank_s_own_shard() -> None:
     )
 
 
-def _calls(layout: Layout, model: str = "qwen3-30b-a3b") -> float:
+def _collectives(layout: Layout, recipe: Recipe = RECIPE, model: str = "qwen3-30b-a3b") -> list[Any]:
     spec = load_model(model)
     system = System(accelerator=get_accelerator("h100-sxm"), num_devices=layout.num_devices)
-    est = estimate(system, spec, RECIPE, layout)
-    return sum(c.calls for c in est.time.collectives if c.group == "tp")
+    return list(estimate(system, spec, recipe, layout).time.collectives)
 
 
-def test_moe_layers_without_shared_experts_lose_their_mlp_tp_region() -> None:
-    """48 layers, all MoE: two tp regions per layer by default, the attention's alone folded."""
-    assert _calls(FOLDED) * 2 == pytest.approx(_calls(replace(FOLDED, etp=None, ep=8)))
+def _calls(collectives: list[Any], group: str) -> float:
+    return sum(c.calls for c in collectives if c.group == group)
+
+
+def test_megatron_s_moe_layers_have_no_dense_tp_region_and_split_experts_gather_routed_tokens() -> None:
+    """Megatron-Core's MoE layer: the experts are fed by the dispatcher, which all-gathers the
+    routed tokens over the expert-TP group (and reduce-scatters them back) when experts are split
+    over tp; folded, it gathers nothing. Without shared experts no dense MLP region is left."""
+    default = _collectives(replace(FOLDED, etp=None, ep=8))
+    folded = _collectives(FOLDED)
+    assert _calls(folded, "tp") == _calls(default, "tp")  # the attention region alone
+    assert _calls(folded, "etp") == 0
+    gathers = [c for c in default if c.group == "etp"]
+    assert gathers and {c.buffer_bytes for c in gathers} == {4096 * 8 * 2048 * 2.0}  # T·K·h·e
+    assert _calls(default, "etp") == 2 * 2 * 48 * 8  # AG + RS, forward + backward, 48 layers, 8 mb
+    # PyTorch's MoE layers (no dispatcher gathers): costed as a dense MLP region of b·s·h
+    titan = _collectives(replace(FOLDED, etp=None, ep=8), replace(RECIPE, stack="pytorch"))
+    assert _calls(titan, "etp") == 0 and _calls(titan, "tp") == 2 * _calls(default, "tp")
+    # shared experts keep their tensor-parallel region, folded or not
+    shared = load_model("qwen1.5-moe-a2.7b")
+    assert shared.moe is not None and shared.moe.num_shared_experts
+    lay = Layout(dp=4, tp=2, ep=4, etp=1, sequence_parallel=True, zero=1)
+    with_region = _collectives(lay, replace(RECIPE, global_batch=32), "qwen1.5-moe-a2.7b")
+    dense = _collectives(
+        Layout(dp=4, tp=2, sequence_parallel=True, zero=1), replace(RECIPE, global_batch=32), "llama-3.1-8b"
+    )
+    assert _calls(with_region, "tp") == pytest.approx(_calls(dense, "tp") * 24 / 32)  # two regions per layer
 
 
 def test_the_expert_groups_follow_megatron_s_expert_rank_order() -> None:
@@ -209,3 +233,45 @@ def test_the_planner_searches_folding_and_its_best_equals_brute_force() -> None:
             best, best_cfg = e.run.time_s, lay
     assert folded > 0 and result.fastest is not None
     assert result.fastest.estimate.run.time_s == pytest.approx(best, rel=1e-9), best_cfg
+
+
+def test_megatron_trains_moe_with_tp_only_under_sequence_parallelism(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [
+        "estimate",
+        "qwen3-30b-a3b",
+        "--hardware",
+        "h100-sxm",
+        "--devices",
+        "16",
+        "--tp",
+        "2",
+        "--ep",
+        "8",
+    ]
+    assert main(args) == 2
+    assert "--sequence-parallel" in capsys.readouterr().err
+    assert main([*args, "--sequence-parallel"]) == 0
+    capsys.readouterr()
+
+
+def test_folding_is_modelled_on_the_megatron_stack_only(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "estimate",
+        "qwen3-30b-a3b",
+        "--hardware",
+        "h100-sxm",
+        "--devices",
+        "16",
+        "--tp",
+        "2",
+        "--ep",
+        "16",
+    ]
+    args += ["--etp", "1", "--sequence-parallel", "--global-batch", "64"]
+    for engine in ("torchtitan", "deepspeed"):
+        assert main([*args, "--engine", engine]) == 2
+        assert "--etp" in capsys.readouterr().err
+    assert main([*args, "--engine", "nemo"]) == 0
+    capsys.readouterr()

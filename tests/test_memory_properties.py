@@ -52,7 +52,8 @@ recipes = st.builds(
 
 def layout_for(model: ModelSpec, draw_tp: int) -> Layout:
     tp = draw_tp if model.num_kv_heads % draw_tp == 0 else 1
-    return Layout(tp=tp)
+    # Megatron-Core trains MoE with tensor parallelism under sequence parallelism only
+    return Layout(tp=tp, sequence_parallel=tp > 1 and model.moe is not None)
 
 
 @settings(max_examples=80, deadline=None)

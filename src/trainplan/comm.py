@@ -561,6 +561,7 @@ def group_shapes(
         "dp": (dp, tp * cp),
         "shard": (shard, tp),
         "ep": (ep, et),
+        "etp": (et, 1),
         "expert_dp": (tp * shard // (ep * et), et * ep),
         "pp": (pp, tp * cp * dp),
     }
@@ -1244,6 +1245,45 @@ def expert_parallel_traffic(
     )
 
 
+_ETP_SRC = (
+    "NVIDIA/Megatron-LM@d98e8a6 megatron/core/transformer/moe/token_dispatcher.py "
+    "MoEAlltoAllTokenDispatcher (L741-750, L824-833): with an expert tensor-parallel group of more "
+    "than one rank the routed tokens are all-gathered over it after the dispatch all-to-all and "
+    "reduce-scattered before the combine"
+)
+
+
+def expert_tp_traffic(
+    *, gathered_bytes: Num, moe_layers: Int, micro_batches: Int, recompute_full: Bool
+) -> tuple[Traffic, ...]:
+    """The expert tensor-parallel gathers of Megatron-Core's all-to-all token dispatcher when each
+    expert is split over tp ranks (``Layout.etp`` = tp > 1): per MoE layer per micro-batch an
+    all-gather of the routed tokens over the expert-TP group after the dispatch all-to-all and a
+    reduce-scatter before the combine; backward the mirror; full recompute runs the forward pair
+    again. ``gathered_bytes`` is the gathered buffer, the tp group's routed tokens · K · h · e ·
+    capacity factor. The grouped fc1 saves the gathered input (``memory.layer_activations``
+    ``expert_inputs``), so backward gathers nothing again (:data:`_ETP_SRC`)."""
+    calls = moe_layers * micro_batches
+    out: list[Traffic] = []
+    for phase in ("forward", "backward", "recompute"):
+        ph: Phase = phase
+        n = where(recompute_full, calls, 0) if phase == "recompute" else calls
+        for kind in ("all_gather", "reduce_scatter"):
+            out.append(
+                Traffic(
+                    name=f"etp_{phase}_{kind}",
+                    kind=kind,
+                    group="etp",
+                    overlap="none",
+                    source=_ETP_SRC,
+                    buffer_bytes=gathered_bytes,
+                    calls=n,
+                    phase=ph,
+                )
+            )
+    return tuple(out)
+
+
 def expert_parallel_collectives(
     *,
     routed_bytes: float,
@@ -1393,6 +1433,11 @@ class TrafficInputs:
     overlap_param_gather: bool = False
     capacity_factor: float = 1.0  # routed-expert slots per routed token (flops.expert_slot_ratio)
     etp: Int | None = None  # expert tensor parallelism (Layout.etp, an array in the planner; None: tp)
+    moe_tp_dispatch: bool = False
+    """Megatron-Core's MoE layer (the megatron stack): the routed tokens reach split experts through
+    the dispatcher's expert-TP gathers (:func:`expert_tp_traffic`) and the layer has no dense
+    tensor-parallel MLP region but its shared experts'. False: the MoE MLP is costed as a dense
+    MLP region of b·s·h."""
 
 
 def step_traffic(
@@ -1473,9 +1518,14 @@ def step_traffic(
     if _may_span(tp):
         # parallel folding: the experts take whole tokens from the all-to-all, so an MoE layer
         # without shared experts has no tensor-parallel region around its MLP
+        # Megatron-Core's MoE layer has no dense tensor-parallel region around its MLP: its
+        # experts are fed by the dispatcher (expert_tp_traffic), its shared experts keep one
         free: Int = 0
-        if spec.moe is not None and not spec.moe.num_shared_experts and x.etp is not None:
-            free = cast(Int, where(x.etp != tp, ceil_div(spec.num_moe_layers, pp), 0))
+        if spec.moe is not None and not spec.moe.num_shared_experts:
+            if x.moe_tp_dispatch:
+                free = ceil_div(spec.num_moe_layers, pp)
+            elif x.etp is not None:
+                free = cast(Int, where(x.etp != tp, ceil_div(spec.num_moe_layers, pp), 0))
         out += tensor_parallel_traffic(
             activation_bytes=act,
             layers=layers,
@@ -1496,6 +1546,13 @@ def step_traffic(
         out += expert_parallel_traffic(
             routed_bytes=local_tokens * spec.moe.top_k * h * e * x.capacity_factor if sized else 0.0,
             moe_layers=moe_layers,
+            micro_batches=m,
+            recompute_full=x.recompute_full,
+        )
+    if spec.moe is not None and x.moe_tp_dispatch and _may_span(et):
+        out += expert_tp_traffic(
+            gathered_bytes=b * (s / cp) * spec.moe.top_k * h * e * x.capacity_factor if sized else 0.0,
+            moe_layers=ceil_div(spec.num_moe_layers, pp),
             micro_batches=m,
             recompute_full=x.recompute_full,
         )
@@ -1574,6 +1631,7 @@ def step_collectives(
             overlap_param_gather=overlap_param_gather,
             capacity_factor=expert_slot_ratio(spec, recipe),
             etp=layout.etp,
+            moe_tp_dispatch=recipe.stack == "megatron",
         ),
     )
     return timed_collectives(traffic, network, placements, device_bytes_per_s)

@@ -219,6 +219,31 @@ def check_modelled(spec: ModelSpec, recipe: Recipe, layout: Layout | None) -> No
             )
     check_moe_routing(recipe, whole)
     check_mla_layout(spec, recipe, whole)
+    check_moe_tp(spec, recipe, whole)
+
+
+def check_moe_tp(spec: ModelSpec, recipe: Recipe, layout: Layout) -> None:
+    """Refuse the MoE layouts with tensor parallelism that the megatron stack does not train or
+    that are modelled on it only: Megatron-Core trains MoE with tp > 1 only under sequence
+    parallelism (megatron/core/transformer/moe/moe_layer.py raises "MoE and tensor parallelism
+    are enabled without also enabling sequence parallelism"; megatron/training/yaml_arguments.py
+    asserts it), and parallel folding (``Layout.etp`` = 1) is Megatron-Core's expert rank order."""
+    if spec.moe is None:
+        return
+    if layout.tp > 1 and recipe.stack == "megatron" and not layout.sequence_parallel:
+        raise LayoutError(
+            "sequence_parallel",
+            f"tp={layout.tp} with mixture-of-experts layers on the megatron stack needs sequence "
+            "parallelism (Megatron-Core refuses MoE with tensor parallelism without it); add "
+            "--sequence-parallel, or name the engine you run (--engine)",
+        )
+    if layout.expert_tp != layout.tp and recipe.stack != "megatron":
+        raise LayoutError(
+            "etp",
+            f"--etp {layout.expert_tp} is Megatron-Core's parallel folding, modelled with its expert "
+            f"rank order; the {recipe.stack} stack is not modelled with it: use --stack megatron (or "
+            "--engine megatron / nemo), or drop --etp",
+        )
 
 
 def check_moe_routing(recipe: Recipe, layout: Layout) -> None:

@@ -418,7 +418,9 @@ class Layout:
             raise LayoutError("tp", f"tp={self.tp} does not divide the MLP width {ffn}")
         if model.moe is not None and model.moe.expert_ffn_hidden % self.expert_tp != 0:
             raise LayoutError(
-                "tp", f"tp={self.tp} does not divide the expert MLP width {model.moe.expert_ffn_hidden}"
+                "tp",
+                f"the expert tensor-parallel degree {self.expert_tp} does not divide the expert MLP "
+                f"width {model.moe.expert_ffn_hidden}",
             )
 
     def check_batch(self, *, seq_len: int, micro_batch: int, global_batch: int | None) -> int:

@@ -74,9 +74,9 @@ TIME_TERMS: Final[tuple[Term, ...]] = (
     ),
     Term(
         key="exposed_ep_s",
-        label="expert-parallel all-to-all (exposed)",
+        label="expert dispatch comm (exposed)",
         group="communication",
-        source="Lepikhin et al. 2020 (GShard); Fedus et al. 2021 Sec. 2.2",
+        source="Lepikhin et al. 2020 (GShard); Fedus et al. 2021 Sec. 2.2; Megatron-Core token_dispatcher.py (expert-TP gathers)",
     ),
     Term(
         key="exposed_cp_s",

@@ -657,11 +657,13 @@ def ep_overlap_unpaired_fraction(pp: Int, virtual_stages: Int, micro_batches: In
 
 
 def exposed_ep_s(x: StepInputs) -> Num:
-    """Expert all-to-alls on the critical path. With ``ep_comm_overlap`` the paired share of them,
+    """Expert dispatch communication on the critical path: the expert-parallel all-to-alls and the
+    expert tensor-parallel gathers of the dispatcher (``comm.expert_tp_traffic``). With
+    ``ep_comm_overlap`` the paired share of them,
     ``1 − u`` (:func:`ep_overlap_unpaired_fraction`), runs beside the other micro-batch's compute
     (its attention and MLP GEMMs, Megatron-Core's ``ScheduleNode`` streams), so only what exceeds
     that compute shows; the unpaired share ``u`` stays exposed."""
-    ep = total(c.time_s for c in x.collectives if c.group == "ep")
+    ep = total(c.time_s for c in x.collectives if c.group in ("ep", "etp"))
     if x.ep_comm_overlap is False:
         return ep
     u = x.ep_unpaired

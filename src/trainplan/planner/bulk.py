@@ -1591,6 +1591,7 @@ class BulkEvaluator:
                 granularity=self.options.zero3_granularity,
                 capacity_factor=self._routing[0],
                 etp=self._c_int["etp"][core] if self._folding else None,
+                moe_tp_dispatch=self.base.stack == "megatron",
             ),
             with_buffers=with_buffers,
         )

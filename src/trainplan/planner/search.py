@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
-from trainplan.flops import check_mla_layout, check_moe_routing
+from trainplan.flops import check_mla_layout, check_moe_routing, check_moe_tp
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.hardware.accelerator import Accelerator, CloudOffering
 from trainplan.hardware.prices import (
@@ -414,6 +414,7 @@ def enumerate_cores(
                             lay.check_batch(seq_len=seq, micro_batch=1, global_batch=None)
                             check_moe_routing(base, lay)  # the scalar estimate raises it too
                             check_mla_layout(model, base, lay)
+                            check_moe_tp(model, base, lay)
                         except TrainplanError as err:
                             invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
                             continue
