@@ -379,12 +379,14 @@ def enumerate_cores(
                     choices.append({"micro_batch": mb, "recompute": rc, "offload": off, "precision": prec})
     for tp in tps:
         # (ep, sequence parallelism, etp): parallel folding (Layout.etp = 1) where it differs
-        # from the default split, experts spread over ep ranks with tp > 1 and sequence parallelism
+        # from the default split, experts spread over ep ranks with tp > 1 and sequence
+        # parallelism, on the stack it is modelled for (flops.check_moe_tp)
+        folds = (0, 1) if base.stack == "megatron" else (0,)
         splits = [
             (e, s, f)
             for e in eps
             for s in ((False, True) if tp > 1 else (False,))
-            for f in ((0, 1) if e > 1 and s else (0,))
+            for f in (folds if e > 1 and s else (0,))
         ]
         for pp in pps:
             for cp in cps:
