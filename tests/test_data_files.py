@@ -102,3 +102,16 @@ def test_a_read_only_folder_is_no_error(tmp_path: Path, writable: None) -> None:
         assert parse_cached(b"a = 1\n", str(folder / "x.toml")) == {"a": 1}
     finally:
         folder.chmod(0o700)
+
+
+def test_the_cache_follows_pycache_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under PYTHONPYCACHEPREFIX the parsed files go to its mirror tree, as bytecode does."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "prefix"))
+    path = tmp_path / "data" / "x.toml"
+    path.parent.mkdir()
+    path.write_bytes(b"a = 1\n")
+    cache = cache_file(str(path)) or ""
+    assert cache.startswith(str(tmp_path / "prefix")) and "__pycache__" not in cache
+    assert parse_cached(b"a = 1\n", str(path)) == {"a": 1}
+    assert os.path.isfile(cache) and not (path.parent / "__pycache__").exists()

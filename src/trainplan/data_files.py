@@ -11,7 +11,8 @@ TOML is parsed by :mod:`tomllib`, in pure Python: the catalog's NVIDIA file alon
 :mod:`marshal` data (what CPython's own bytecode cache is made of), keyed by a digest of the
 file's bytes: a changed file is parsed again, whatever its time stamps say, and a cache that
 cannot be read or written is ignored. Like bytecode, nothing is written under
-``PYTHONDONTWRITEBYTECODE`` (``sys.dont_write_bytecode``).
+``PYTHONDONTWRITEBYTECODE`` (``sys.dont_write_bytecode``), and under ``PYTHONPYCACHEPREFIX``
+(``sys.pycache_prefix``) the caches go to its mirror tree.
 """
 
 from __future__ import annotations
@@ -83,7 +84,11 @@ def cache_file(path: str) -> str | None:
     tag = sys.implementation.cache_tag
     if tag is None:
         return None
-    folder, name = os.path.split(path)
+    folder, name = os.path.split(os.path.abspath(path))
+    if sys.pycache_prefix:  # PYTHONPYCACHEPREFIX: a mirror tree, as importlib puts bytecode there
+        return os.path.join(
+            sys.pycache_prefix, os.path.splitdrive(folder)[1].lstrip(os.sep), f"{name}.{tag}.marshal"
+        )
     return os.path.join(folder, "__pycache__", f"{name}.{tag}.marshal")
 
 
