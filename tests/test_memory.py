@@ -216,9 +216,11 @@ def test_fsdp_root_post_backward_moment() -> None:
 
 
 def test_tied_weight_gradients_are_summed_out_of_place() -> None:
-    """At the end of backward a tied embedding/head weight has both gradients and their sum alive."""
+    """At the end of backward a tied embedding/head weight has both gradients and their sum alive
+    (PyTorch: .grad is written by the first backward); with a gradient already held (more
+    micro-batches, or Megatron-Core's persistent gradient buffer) three copies."""
     model = gpt(12, 768, 12)
-    recipe = Recipe(method="full", seq_len=1024)
+    recipe = Recipe(method="full", seq_len=1024, stack="pytorch")
     mem = memory_breakdown(model, recipe, Layout(), num_microbatches=1)
     vh = model.vocab_size * model.hidden_size
     assert mem.tied_grad_bytes == 2 * vh
@@ -226,6 +228,23 @@ def test_tied_weight_gradients_are_summed_out_of_place() -> None:
     assert mem.phase_bytes("backward end") == pytest.approx(states + 2 * 2 * vh, rel=1e-12)
     accumulating = memory_breakdown(model, replace(recipe, global_batch=4), Layout(), num_microbatches=4)
     assert accumulating.phase_bytes("backward end") == pytest.approx(states + 3 * 2 * vh, rel=1e-12)
+    megatron = memory_breakdown(model, replace(recipe, stack="megatron"), Layout(), num_microbatches=1)
+    assert megatron.phase_bytes("backward end") == pytest.approx(states + 3 * 2 * vh, rel=1e-12)
+
+
+def test_megatron_s_gradient_buffer_lives_through_the_step() -> None:
+    """Megatron-Core DDP allocates the gradients once (param_and_grad_buffer.py): with one
+    micro-batch they are alive in the forward too, as PyTorch's .grad is not; not under ZeRO-3."""
+    model = gpt(12, 768, 12)
+    for zero, live in ((0, True), (1, True), (3, False)):
+        lay = Layout(dp=2, zero=zero)
+        mega = memory_breakdown(model, Recipe(method="full", seq_len=1024), lay, num_microbatches=1)
+        torch_ = memory_breakdown(
+            model, Recipe(method="full", seq_len=1024, stack="pytorch"), lay, num_microbatches=1
+        )
+        assert mega.grads_live_at_backward_start is live and torch_.grads_live_at_backward_start is False
+        diff = mega.phase_bytes("forward (loss)") - torch_.phase_bytes("forward (loss)")
+        assert diff == pytest.approx(mega.gradients_bytes if live else 0.0, rel=1e-12)
 
 
 # --- per-op selective checkpointing (recompute="sac") --------------------------------------

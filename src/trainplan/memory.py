@@ -1442,11 +1442,24 @@ def stage_memory_fields(
     return out
 
 
-def grads_live_at_backward_start(micro_batches: Int, optimizer_in_backward: bool) -> Bool:
+def persistent_grad_buffer(recipe: Recipe, layout: Layout) -> bool:
+    """Whether the step's gradients sit in buffers allocated once for the whole run: the megatron
+    stack's DistributedDataParallel (ZeRO 0-2: DDP and the distributed optimizer) does so (see
+    :func:`grads_live_at_backward_start`); ZeRO-3 keeps FSDP2's per-block gradients."""
+    return recipe.stack == "megatron" and layout.zero < 3
+
+
+def grads_live_at_backward_start(
+    micro_batches: Int, optimizer_in_backward: bool, persistent_buffer: Bool = False
+) -> Bool:
     """Gradients accumulate across micro-batches: from the second one on they are alive when a
     backward starts (1F1B stages run backwards while later forwards are in flight); a step inside
-    the backward keeps its gradients' buffers live as well."""
-    return (micro_batches > 1) | optimizer_in_backward
+    the backward keeps its gradients' buffers live as well. ``persistent_buffer`` (the megatron
+    stack): Megatron-Core's DistributedDataParallel allocates every gradient once, as views
+    (``param.main_grad``) into contiguous buffers made when the model is wrapped, and never frees
+    them (megatron/core/distributed/param_and_grad_buffer.py ``_ParamAndGradBuffer``): they are
+    alive through the whole step, one micro-batch or many."""
+    return (micro_batches > 1) | optimizer_in_backward | persistent_buffer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1738,7 +1751,9 @@ def _stage_breakdown(
         devices_on_node=host[1],
         stage=stage,
         grads_live_at_backward_start=bool(
-            grads_live_at_backward_start(num_microbatches, recipe.optimizer_in_backward)
+            grads_live_at_backward_start(
+                num_microbatches, recipe.optimizer_in_backward, persistent_grad_buffer(recipe, layout)
+            )
         ),
         params_on_device=dev.total,
         trainable_params_on_device=st.trainable,

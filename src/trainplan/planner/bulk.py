@@ -1488,7 +1488,10 @@ class BulkEvaluator:
             return np.take(self._sA[k, j], cz) + np.take(self._sB[k, j], cz) / dp
 
         capacity = np.full(n, np.inf)  # the peak does not depend on the capacity
-        grads_live = grads_live_at_backward_start(m, self.base.optimizer_in_backward)
+        # persistent_grad_buffer per candidate: the megatron stack below ZeRO-3
+        grads_live = grads_live_at_backward_start(
+            m, self.base.optimizer_in_backward, (self.base.stack == "megatron") & (zero < 3)
+        )
         # a block's input and each stage's input gradient (0 under ZeRO-3: stage_memory_fields)
         io = self._core_input_bytes
         stage_vals = []
