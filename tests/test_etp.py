@@ -24,6 +24,7 @@ from trainplan.recipe import Recipe
 from trainplan.sharding import device_params
 
 QWEN = load_model("qwen3-30b-a3b")  # 128 experts, no shared expert
+CLI = ("estimate", "qwen3-30b-a3b", "--hardware", "h100-sxm", "--devices", "16", "--tp", "2")
 RECIPE = Recipe(method="pretrain", seq_len=4096, micro_batch=1, global_batch=64, precision="bf16")
 # 16 ranks per stage: tp 2 · dp 8; ep 16 only folds (ep·etp = 16 divides tp·dp = 16)
 FOLDED = Layout(dp=8, tp=2, ep=16, etp=1, sequence_parallel=True, zero=1)
@@ -147,18 +148,7 @@ def test_exports() -> None:
 def test_the_cli_estimates_it_and_the_planner_finds_folded_plans(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = [
-        "estimate",
-        "qwen3-30b-a3b",
-        "--hardware",
-        "h100-sxm",
-        "--devices",
-        "16",
-        "--tp",
-        "2",
-        "--ep",
-        "16",
-    ]
+    args = [*CLI, "--ep", "16"]
     assert main([*args, "--etp", "1", "--sequence-parallel", "--global-batch", "64"]) == 0
     assert "etp=1" in capsys.readouterr().out
     assert main([*args, "--global-batch", "64", "--sequence-parallel"]) == 2  # ep 16 without folding
@@ -238,18 +228,7 @@ def test_the_planner_searches_folding_and_its_best_equals_brute_force() -> None:
 def test_megatron_trains_moe_with_tp_only_under_sequence_parallelism(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = [
-        "estimate",
-        "qwen3-30b-a3b",
-        "--hardware",
-        "h100-sxm",
-        "--devices",
-        "16",
-        "--tp",
-        "2",
-        "--ep",
-        "8",
-    ]
+    args = [*CLI, "--ep", "8"]
     assert main(args) == 2
     assert "--sequence-parallel" in capsys.readouterr().err
     assert main([*args, "--sequence-parallel"]) == 0
@@ -257,18 +236,7 @@ def test_megatron_trains_moe_with_tp_only_under_sequence_parallelism(
 
 
 def test_folding_is_modelled_on_the_megatron_stack_only(capsys: pytest.CaptureFixture[str]) -> None:
-    args = [
-        "estimate",
-        "qwen3-30b-a3b",
-        "--hardware",
-        "h100-sxm",
-        "--devices",
-        "16",
-        "--tp",
-        "2",
-        "--ep",
-        "16",
-    ]
+    args = [*CLI, "--ep", "16"]
     args += ["--etp", "1", "--sequence-parallel", "--global-batch", "64"]
     for engine in ("torchtitan", "deepspeed"):
         assert main([*args, "--engine", engine]) == 2

@@ -384,36 +384,9 @@ PLAN = ("plan", "llama-3.2-1b", "--hardware", "h100-sxm,mi300x")
 
 def test_grpo_group_size_without_global_batch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     """Without --global-batch the step is one micro-batch per rank: the group size changed nothing."""
-    line = refused(capsys, *EST, "--devices", "8", "--zero", "3", "--method", "grpo", "--group-size", "16")
-    assert "--global-batch" in line
-    small = answered(
-        capsys,
-        *EST,
-        "--devices",
-        "8",
-        "--zero",
-        "3",
-        "--method",
-        "grpo",
-        "--group-size",
-        "2",
-        "--global-batch",
-        "8",
-    )
-    large = answered(
-        capsys,
-        *EST,
-        "--devices",
-        "8",
-        "--zero",
-        "3",
-        "--method",
-        "grpo",
-        "--group-size",
-        "16",
-        "--global-batch",
-        "8",
-    )
+    grpo = (*EST, "--devices", "8", "--zero", "3", "--method", "grpo")
+    assert "--global-batch" in refused(capsys, *grpo, "--group-size", "16")
+    small, large = (answered(capsys, *grpo, "--group-size", g, "--global-batch", "8") for g in ("2", "16"))
     assert large["time"]["step_s"] > small["time"]["step_s"]
 
 
