@@ -485,6 +485,7 @@ def enumerate_candidates(
         dtype=np.int64,
     ).reshape(len(cores), 8)
     tp, mp, cp, ep, off, prec, _mbs, fold = (np.ascontiguousarray(tab[:, j]) for j in range(8))
+    folding = bool((fold > 1).any())  # folded cores: their ep divides tp·cp·dp
     tp_max = int(tp.max(initial=1))
     off_none, off_params = off_code["none"], off_code["optimizer+params"]
     zeros = np.array(space.zero_stages, dtype=np.int64)
@@ -507,7 +508,7 @@ def enumerate_candidates(
         dpi = np.repeat(dp, zeros.size)
         zi = np.tile(zeros, idx.size)
         shard = dpi * cp[ci]
-        keep = (shard * fold[ci]) % ep[ci] == 0
+        keep = ((shard * fold[ci]) if folding else shard) % ep[ci] == 0
         drops["ep does not divide dp·cp"] = int((~keep).sum())
         offz = off[ci]
         need_zero = ((offz != off_none) & (zi == 0)) | ((offz == off_params) & (zi != 3))
