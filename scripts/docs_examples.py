@@ -2,7 +2,8 @@
 
 An example is a fenced block whose first line is ``$ trainplan ARGS`` (continued over lines that
 end in ``\\``), optionally piped into a shell filter (``$ trainplan ARGS | grep -E '...'``, to show
-an excerpt); the rest of the block is that command's output. Run:
+an excerpt), or ``$ cat FILE`` of a file an earlier example of the page wrote; the rest of the
+block is that command's output. Run:
 
     python scripts/docs_examples.py            # check: exit 1 and a diff when any example differs
     python scripts/docs_examples.py --write    # rewrite every example's output from the code
@@ -54,7 +55,11 @@ def examples(path: Path) -> list[Example]:
     out: list[Example] = []
     i = 0
     while i < len(lines):
-        if lines[i].startswith(FENCE) and i + 1 < len(lines) and lines[i + 1].startswith("$ trainplan "):
+        if (
+            lines[i].startswith(FENCE)
+            and i + 1 < len(lines)
+            and lines[i + 1].startswith(("$ trainplan ", "$ cat "))
+        ):
             start = i + 1
             j = start
             parts = [lines[j][2:]]
@@ -77,8 +82,12 @@ def examples(path: Path) -> list[Example]:
 
 
 def run(command: str) -> str:
-    """The output of one example's command, as a terminal would show it."""
+    """The output of one example's command, as a terminal would show it. ``cat FILE`` shows a
+    file an earlier example of the same page wrote (examples run in page order)."""
     from trainplan.cli import main
+
+    if command.startswith("cat "):
+        return Path(shlex.split(command)[1]).read_text(encoding="utf-8").rstrip("\n")
 
     words = command.split(" | ", 1)
     argv = shlex.split(words[0])[1:]  # drop "trainplan"
@@ -119,8 +128,8 @@ def write() -> int:
         if not exs:
             continue
         lines = path.read_text(encoding="utf-8").split("\n")
-        for ex in reversed(exs):
-            actual = run(ex.command)
+        outputs = [run(ex.command) for ex in exs]  # in page order: a `cat` reads what ran before it
+        for ex, actual in reversed(list(zip(exs, outputs, strict=True))):
             if normalise(actual) == normalise(ex.expected):
                 continue
             # the command may span several lines: its output starts after the last of them

@@ -243,3 +243,12 @@ def test_folding_is_modelled_on_the_megatron_stack_only(capsys: pytest.CaptureFi
         assert "--etp" in capsys.readouterr().err
     assert main([*args, "--engine", "nemo"]) == 0
     capsys.readouterr()
+
+
+def test_ep_overlap_does_not_hide_the_expert_tp_gathers() -> None:
+    """They run inside the experts' compute node, on the compute stream (fine_grained_callables.py)."""
+    lay = replace(FOLDED, etp=None, ep=8, ep_comm_overlap=True)
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=16)
+    est = estimate(system, QWEN, RECIPE, lay)
+    etp_s = sum(c.time_s for c in est.time.collectives if c.group == "etp")
+    assert etp_s > 0 and est.time.exposed_ep_s >= etp_s

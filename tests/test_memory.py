@@ -197,7 +197,10 @@ def test_fsdp_root_post_backward_moment() -> None:
     gradient and its Shard(0) copy) + r·P_L (the last block's reduce-scatter input)."""
     model = llama7b()
     mem = memory_breakdown(
-        model, Recipe(method="full", seq_len=512), Layout(dp=4, tp=2, zero=3), num_microbatches=1
+        model,
+        Recipe(method="full", seq_len=512, stack="pytorch"),
+        Layout(dp=4, tp=2, zero=3),
+        num_microbatches=1,
     )
     c, r = 2.0, 4.0
     v_local = model.vocab_size // 2 * model.hidden_size
@@ -233,10 +236,11 @@ def test_tied_weight_gradients_are_summed_out_of_place() -> None:
 
 
 def test_megatron_s_gradient_buffer_lives_through_the_step() -> None:
-    """Megatron-Core DDP allocates the gradients once (param_and_grad_buffer.py): with one
-    micro-batch they are alive in the forward too, as PyTorch's .grad is not; not under ZeRO-3."""
+    """Megatron-Core DDP allocates the gradients once (param_and_grad_buffer.py), Megatron-FSDP
+    its sharded buffer once: with one micro-batch they are alive in the forward too, as PyTorch's
+    .grad is not."""
     model = gpt(12, 768, 12)
-    for zero, live in ((0, True), (1, True), (3, False)):
+    for zero, live in ((0, True), (1, True), (3, True)):
         lay = Layout(dp=2, zero=zero)
         mega = memory_breakdown(model, Recipe(method="full", seq_len=1024), lay, num_microbatches=1)
         torch_ = memory_breakdown(
@@ -245,6 +249,15 @@ def test_megatron_s_gradient_buffer_lives_through_the_step() -> None:
         assert mega.grads_live_at_backward_start is live and torch_.grads_live_at_backward_start is False
         diff = mega.phase_bytes("forward (loss)") - torch_.phase_bytes("forward (loss)")
         assert diff == pytest.approx(mega.gradients_bytes if live else 0.0, rel=1e-12)
+
+
+def test_megatron_keeps_its_gradient_buffer_on_the_device_under_optimizer_offload() -> None:
+    """--optimizer-cpu-offload moves the optimizer states; the DDP gradient buffer stays."""
+    model = gpt(12, 768, 12)
+    lay = Layout(dp=2, zero=1)
+    for stack, on_device in (("megatron", True), ("pytorch", False)):
+        mem = memory_breakdown(model, Recipe(method="full", offload="optimizer", stack=stack), lay)  # type: ignore[arg-type]
+        assert (mem.gradients_bytes > 0) is on_device and mem.optimizer_bytes == 0.0
 
 
 # --- per-op selective checkpointing (recompute="sac") --------------------------------------

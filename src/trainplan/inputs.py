@@ -1580,6 +1580,18 @@ def _check_layout_flags_apply(values: Mapping[str, Any], layout: Layout) -> None
                 "with dp·cp = 1 there is no gradient reduction to overlap; drop --no-overlap-grad-reduce, "
                 "or use more --devices",
             )
+    if values.get("pp_comm_overlap") is False and layout.pp == 1:
+        raise TrainplanError(
+            "pp_comm_overlap",
+            "with pp = 1 there is no pipeline communication to overlap, so --no-pp-comm-overlap changes "
+            "nothing; drop it, or add --pp N",
+        )
+    if values.get("tp_comm_overlap") is False and not layout.sequence_parallel:
+        raise TrainplanError(
+            "tp_comm_overlap",
+            "tensor-parallel communication overlap exists only with sequence parallelism, so "
+            "--no-tp-comm-overlap changes nothing here; drop it, or add --sequence-parallel",
+        )
     global_batch, micro = values.get("global_batch"), values.get("micro_batch")
     one_micro_batch = global_batch is None or (isinstance(micro, int) and global_batch == layout.dp * micro)
     if one_micro_batch and values.get("grad_accumulation") == "autograd":

@@ -1199,9 +1199,15 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
                 "offload", "CPU offload of optimizer states needs ZeRO (--zero 1, 2 or 3), as in ZeRO-Offload"
             )
         # ZeRO-Offload (Ren et al. 2021, Sec. 4.1): optimizer states, master weights and the
-        # reduced gradient shard live in CPU memory; the optimizer step runs on the CPU.
+        # reduced gradient shard live in CPU memory; the optimizer step runs on the CPU. The
+        # megatron stack's distributed optimizer (ZeRO-1) keeps its DDP gradient buffer on the
+        # device (persistent_grad_buffer): --optimizer-cpu-offload's HybridDeviceOptimizer copies
+        # the shard to pinned host memory for the CPU step
+        # (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py).
         host += optimizer + grads
-        optimizer, master, optimizer_temp, grads = 0.0, 0.0, 0.0, 0.0
+        optimizer, master, optimizer_temp = 0.0, 0.0, 0.0
+        if not (persistent_grad_buffer(recipe, layout) and z <= 1):
+            grads = 0.0
         if recipe.offload == "optimizer+params":
             if z != 3:
                 raise RecipeError("offload", "offloading parameters needs --zero 3 (ZeRO-Infinity)")
@@ -1444,9 +1450,14 @@ def stage_memory_fields(
 
 def persistent_grad_buffer(recipe: Recipe, layout: Layout) -> bool:
     """Whether the step's gradients sit in buffers allocated once for the whole run: the megatron
-    stack's DistributedDataParallel (ZeRO 0-2: DDP and the distributed optimizer) does so (see
-    :func:`grads_live_at_backward_start`); ZeRO-3 keeps FSDP2's per-block gradients."""
-    return recipe.stack == "megatron" and layout.zero < 3
+    stack's do (see :func:`grads_live_at_backward_start`). DistributedDataParallel (ZeRO 0-1)
+    allocates the full buffer (megatron/core/distributed/param_and_grad_buffer.py, ``grad_data``
+    of full numel even under the distributed optimizer); Megatron-FSDP (ZeRO 2-3) allocates and
+    zeroes its sharded ``main_grad_buffer`` once when the model is wrapped
+    (megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py ``init_data``),
+    only its unsharded buckets being temporary. ``layout`` is read for no stage today."""
+    del layout
+    return recipe.stack == "megatron"
 
 
 def grads_live_at_backward_start(

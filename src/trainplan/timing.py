@@ -658,18 +658,21 @@ def ep_overlap_unpaired_fraction(pp: Int, virtual_stages: Int, micro_batches: In
 
 def exposed_ep_s(x: StepInputs) -> Num:
     """Expert dispatch communication on the critical path: the expert-parallel all-to-alls and the
-    expert tensor-parallel gathers of the dispatcher (``comm.expert_tp_traffic``). With
-    ``ep_comm_overlap`` the paired share of them,
+    expert tensor-parallel gathers of the dispatcher (``comm.expert_tp_traffic``), which run on the
+    compute stream and are never hidden. With ``ep_comm_overlap`` the paired share of the all-to-alls,
     ``1 − u`` (:func:`ep_overlap_unpaired_fraction`), runs beside the other micro-batch's compute
     (its attention and MLP GEMMs, Megatron-Core's ``ScheduleNode`` streams), so only what exceeds
     that compute shows; the unpaired share ``u`` stays exposed."""
-    ep = total(c.time_s for c in x.collectives if c.group in ("ep", "etp"))
+    ep = total(c.time_s for c in x.collectives if c.group == "ep")
+    # the expert-TP gathers run inside the experts' compute node, on the compute stream
+    # (Megatron-Core fine_grained_callables.py routed_experts_compute): never hidden
+    etp = total(c.time_s for c in x.collectives if c.group == "etp")
     if x.ep_comm_overlap is False:
-        return ep
+        return ep + etp
     u = x.ep_unpaired
     compute = as_float(x.micro_batches) * (x.t_f + x.t_b + x.t_r)
     overlapped = u * ep + (1.0 - u) * maximum(0.0, ep - compute)
-    return where(x.ep_comm_overlap, overlapped, ep)
+    return where(x.ep_comm_overlap, overlapped, ep) + etp
 
 
 def pp_p2p_s(x: StepInputs) -> Num:

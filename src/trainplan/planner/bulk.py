@@ -1488,9 +1488,9 @@ class BulkEvaluator:
             return np.take(self._sA[k, j], cz) + np.take(self._sB[k, j], cz) / dp
 
         capacity = np.full(n, np.inf)  # the peak does not depend on the capacity
-        # persistent_grad_buffer per candidate: the megatron stack below ZeRO-3
+        # memory.persistent_grad_buffer: the megatron stack's gradients live through the step
         grads_live = grads_live_at_backward_start(
-            m, self.base.optimizer_in_backward, (self.base.stack == "megatron") & (zero < 3)
+            m, self.base.optimizer_in_backward, self.base.stack == "megatron"
         )
         # a block's input and each stage's input gradient (0 under ZeRO-3: stage_memory_fields)
         io = self._core_input_bytes
