@@ -497,3 +497,11 @@ def test_host_memory_with_a_system_is_refused() -> None:
     system = System(accelerator=get_accelerator("h100-sxm"), num_devices=8)
     with pytest.raises(TrainplanError, match="host_memory"):
         trainplan.estimate("llama-3.2-1b", hardware=system, host_memory=1, zero=3, offload="optimizer")
+
+
+def test_switching_off_an_overlap_that_cannot_apply_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--no-pp-comm-overlap" in refused(capsys, *EST, "--devices", "1", "--no-pp-comm-overlap")
+    assert "--no-tp-comm-overlap" in refused(
+        capsys, *EST, "--devices", "2", "--tp", "2", "--no-tp-comm-overlap"
+    )
+    answered(capsys, *EST, "--devices", "2", "--tp", "2", "--sequence-parallel", "--no-tp-comm-overlap")
