@@ -307,8 +307,16 @@ class Layout:
                 )
         if self.expert_tp == self.tp:
             if (self.dp * self.cp) % self.ep != 0:
+                folds = self.tp > 1 and (self.tp * self.cp * self.dp) % self.ep == 0
                 raise LayoutError(
-                    "ep", f"ep={self.ep} does not divide dp·cp = {self.dp}·{self.cp} = {self.dp * self.cp}"
+                    "ep",
+                    f"ep={self.ep} does not divide dp·cp = {self.dp}·{self.cp} = {self.dp * self.cp}"
+                    + (
+                        f"; it divides tp·cp·dp = {self.tp * self.cp * self.dp}: fold the experts into the "
+                        "tp ranks with --etp 1 (whole experts per rank, with --sequence-parallel)"
+                        if folds
+                        else ""
+                    ),
                 )
         elif (self.tp * self.cp * self.dp) % self.ep != 0:
             raise LayoutError(
