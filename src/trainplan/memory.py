@@ -745,7 +745,9 @@ def layer_activations(
         routed_tokens = tokens * k * et / t
         # capacity padding (Recipe.moe_capacity_factor): each expert runs on all its C slots
         slots = routed_tokens * expert_slot_ratio(model, recipe)
-        terms["router_probs"] = 4.0 * tokens * moe.num_experts
+        # the router runs on each rank's own tokens: the sequence-parallel shard under SP
+        # (Megatron-Core router.py gathers nothing)
+        terms["router_probs"] = 4.0 * tokens * moe.num_experts / sp_div
         capacity = expert_capacity(model, recipe)
         width = moe.expert_ffn_hidden / et
         if recipe.moe_dispatch == "einsum" and capacity is not None:
