@@ -157,14 +157,20 @@ def estimate(
         elif layout is not None:
             values["devices"] = layout.num_devices
     if isinstance(hardware, System):
-        for name in ("host_memory", "hardware_file"):
-            if fields.get(name) not in (None, (), []) or (name == "hardware_file" and hardware_file):
-                raise TrainplanError(
-                    name,
-                    f"{name}= and a System both given: the System fixes its accelerator and host memory; "
-                    f"set it in the System (System(..., host_memory_bytes_per_node=...)) or pass the "
-                    "accelerator's name instead",
-                )
+        given = (
+            "host_memory"
+            if fields.get("host_memory") is not None
+            else "hardware_file"
+            if hardware_file
+            else None
+        )
+        if given is not None:
+            raise TrainplanError(
+                given,
+                f"{given}= and a System both given: the System fixes its accelerator and host memory; "
+                "set it in the System (System(..., host_memory_bytes_per_node=...)) or pass the "
+                "accelerator's name instead",
+            )
         system = hardware
     else:
         system = System(

@@ -1045,10 +1045,9 @@ def tensor_parallel_traffic(
     averaged: the ring time is affine in the bytes, so the sum is the same); the exit side
     (the reductions after the row-parallel layers) carries h.
 
-    ``mlp_free_layers``: layers whose MLP side has no tensor-parallel region (MoE layers under
-    parallel folding, ``Layout.etp`` = 1: the all-to-all hands each rank whole tokens for whole
-    experts, Megatron-Core ``MoEAlltoAllTokenDispatcher`` with a tensor-expert group of one);
-    their attention region remains.
+    ``mlp_free_layers``: layers whose MLP side has no tensor-parallel region: Megatron-Core's MoE
+    layers without shared experts, whose experts the token dispatcher feeds
+    (:func:`expert_tp_traffic`, :func:`moe_layer_dispatches`); their attention region remains.
     """
     regions = 2 * layers - mlp_free_layers
     per_pass = regions * micro_batches
@@ -1251,6 +1250,14 @@ _ETP_SRC = (
     "than one rank the routed tokens are all-gathered over it after the dispatch all-to-all and "
     "reduce-scattered before the combine"
 )
+
+
+def moe_layer_dispatches(recipe: Recipe) -> bool:
+    """Whether the MoE layer is Megatron-Core's (the megatron stack): its token dispatcher feeds the
+    experts, gathering the routed tokens over the expert-TP group when experts are split
+    (:func:`expert_tp_traffic`), and no dense tensor-parallel region surrounds its MLP
+    (:attr:`TrafficInputs.moe_tp_dispatch`)."""
+    return recipe.stack == "megatron"
 
 
 def expert_tp_traffic(
@@ -1515,17 +1522,12 @@ def step_traffic(
         )
     b, s, h = x.micro_batch, float(seq_len), float(spec.hidden_size)
     act = b * (s / cp) * h * e if sized else 0.0
+    moe_layers = ceil_div(spec.num_moe_layers, pp) if spec.moe is not None else 0
     if _may_span(tp):
-        # parallel folding: the experts take whole tokens from the all-to-all, so an MoE layer
-        # without shared experts has no tensor-parallel region around its MLP
-        # Megatron-Core's MoE layer has no dense tensor-parallel region around its MLP: its
-        # experts are fed by the dispatcher (expert_tp_traffic), its shared experts keep one
-        free: Int = 0
-        if spec.moe is not None and not spec.moe.num_shared_experts:
-            if x.moe_tp_dispatch:
-                free = ceil_div(spec.num_moe_layers, pp)
-            elif x.etp is not None:
-                free = cast(Int, where(x.etp != tp, ceil_div(spec.num_moe_layers, pp), 0))
+        # Megatron-Core's MoE layer has no dense tensor-parallel region around its MLP: its experts
+        # are fed by the dispatcher (expert_tp_traffic), its shared experts keep one. Parallel
+        # folding is modelled on that stack only (flops.check_moe_tp).
+        dispatched = spec.moe is not None and x.moe_tp_dispatch and not spec.moe.num_shared_experts
         out += tensor_parallel_traffic(
             activation_bytes=act,
             layers=layers,
@@ -1534,14 +1536,13 @@ def step_traffic(
             recompute_full=x.recompute_full,
             recompute_skipped_reductions=x.skipped_reductions,
             entry_fraction=tp_entry_fraction(spec),
-            mlp_free_layers=free,
+            mlp_free_layers=moe_layers if dispatched else 0,
         )
     if _may_span(pp):
         out += pipeline_traffic(
             activation_bytes=act, tp_size=tp, micro_batches=m, virtual_stages=x.virtual_stages
         )
     if spec.moe is not None and _may_span(ep):
-        moe_layers = ceil_div(spec.num_moe_layers, pp)
         local_tokens = b * s / cp / where(x.sequence_parallel, tp, 1) if sized else 0.0
         out += expert_parallel_traffic(
             routed_bytes=local_tokens * spec.moe.top_k * h * e * x.capacity_factor if sized else 0.0,
@@ -1552,7 +1553,7 @@ def step_traffic(
     if spec.moe is not None and x.moe_tp_dispatch and _may_span(et):
         out += expert_tp_traffic(
             gathered_bytes=b * (s / cp) * spec.moe.top_k * h * e * x.capacity_factor if sized else 0.0,
-            moe_layers=ceil_div(spec.num_moe_layers, pp),
+            moe_layers=moe_layers,
             micro_batches=m,
             recompute_full=x.recompute_full,
         )
@@ -1631,7 +1632,7 @@ def step_collectives(
             overlap_param_gather=overlap_param_gather,
             capacity_factor=expert_slot_ratio(spec, recipe),
             etp=layout.etp,
-            moe_tp_dispatch=recipe.stack == "megatron",
+            moe_tp_dispatch=moe_layer_dispatches(recipe),
         ),
     )
     return timed_collectives(traffic, network, placements, device_bytes_per_s)

@@ -1208,7 +1208,7 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         # (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py).
         host += optimizer + grads
         optimizer, master, optimizer_temp = 0.0, 0.0, 0.0
-        if not (persistent_grad_buffer(recipe, layout) and z <= 1):
+        if not (persistent_grad_buffer(recipe) and z <= 1):
             grads = 0.0
         if recipe.offload == "optimizer+params":
             if z != 3:
@@ -1450,15 +1450,14 @@ def stage_memory_fields(
     return out
 
 
-def persistent_grad_buffer(recipe: Recipe, layout: Layout) -> bool:
+def persistent_grad_buffer(recipe: Recipe) -> bool:
     """Whether the step's gradients sit in buffers allocated once for the whole run: the megatron
     stack's do (see :func:`grads_live_at_backward_start`). DistributedDataParallel (ZeRO 0-1)
     allocates the full buffer (megatron/core/distributed/param_and_grad_buffer.py, ``grad_data``
     of full numel even under the distributed optimizer); Megatron-FSDP (ZeRO 2-3) allocates and
     zeroes its sharded ``main_grad_buffer`` once when the model is wrapped
     (megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py ``init_data``),
-    only its unsharded buckets being temporary. ``layout`` is read for no stage today."""
-    del layout
+    only its unsharded buckets being temporary."""
     return recipe.stack == "megatron"
 
 
@@ -1765,7 +1764,7 @@ def _stage_breakdown(
         stage=stage,
         grads_live_at_backward_start=bool(
             grads_live_at_backward_start(
-                num_microbatches, recipe.optimizer_in_backward, persistent_grad_buffer(recipe, layout)
+                num_microbatches, recipe.optimizer_in_backward, persistent_grad_buffer(recipe)
             )
         ),
         params_on_device=dev.total,

@@ -67,6 +67,7 @@ from trainplan.comm import (
     call_time_s,
     collective_time_s,
     group_shapes,
+    moe_layer_dispatches,
     network_from_system,
     ranks_per_domain,
     recompute_skipped_tp_reductions,
@@ -108,6 +109,7 @@ from trainplan.memory import (
     held_microbatches,
     host_fits,
     input_grad_bytes,
+    persistent_grad_buffer,
     stage_activations,
     stage_memory_fields,
     usable_bytes,
@@ -180,11 +182,6 @@ class Core:
     etp: int = 0
     """Expert tensor parallelism: 0 is the default, tp (``Layout.etp`` None); 1 is parallel
     folding (``Layout.etp`` = 1)."""
-
-    @property
-    def expert_tp(self) -> int:
-        """Ranks each routed expert is split over (``Layout.expert_tp``)."""
-        return self.tp if self.etp == 0 else self.etp
 
     @classmethod
     def of_valid(cls, fields: Mapping[str, object]) -> Core:
@@ -1045,7 +1042,7 @@ class BulkEvaluator:
         self._block_backward_later = block_later
         columns = {"tp": 0, "pp": 1, "cp": 2, "ep": 3, "micro_batch": 5, "virtual_stages": 10}
         self._c_int = {name: np.ascontiguousarray(tab[:, j]) for name, j in columns.items()}
-        # the ranks each routed expert is split over (Core.expert_tp): tp, or 1 when folded
+        # the ranks each routed expert is split over (Layout.expert_tp): tp, or 1 when folded
         self._c_int["etp"] = np.where(tab[:, 11] > 0, tab[:, 11], tab[:, 0])
         self._folding = bool((tab[:, 11] > 0).any())
         # Compute keys: the work of a micro-batch does not depend on offload or on the schedule
@@ -1488,9 +1485,8 @@ class BulkEvaluator:
             return np.take(self._sA[k, j], cz) + np.take(self._sB[k, j], cz) / dp
 
         capacity = np.full(n, np.inf)  # the peak does not depend on the capacity
-        # memory.persistent_grad_buffer: the megatron stack's gradients live through the step
         grads_live = grads_live_at_backward_start(
-            m, self.base.optimizer_in_backward, self.base.stack == "megatron"
+            m, self.base.optimizer_in_backward, persistent_grad_buffer(self.base)
         )
         # a block's input and each stage's input gradient (0 under ZeRO-3: stage_memory_fields)
         io = self._core_input_bytes
@@ -1594,7 +1590,7 @@ class BulkEvaluator:
                 granularity=self.options.zero3_granularity,
                 capacity_factor=self._routing[0],
                 etp=self._c_int["etp"][core] if self._folding else None,
-                moe_tp_dispatch=self.base.stack == "megatron",
+                moe_tp_dispatch=moe_layer_dispatches(self.base),
             ),
             with_buffers=with_buffers,
         )

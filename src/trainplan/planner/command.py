@@ -30,6 +30,7 @@ from trainplan.planner.search import (
     Plan,
     PlanResult,
     SearchSpace,
+    check_objective_tokens,
     compare,
     plan,
 )
@@ -168,12 +169,7 @@ def rlhf_from_values(
             f"{recipe.method}: the margin is not applied to the RL phases' memory (actor, critic, reward, "
             "reference, rollout), so it would be ignored there; plan RL jobs with --memory-margin 0",
         )
-    if values["objective"] != "time" and recipe.tokens is None:
-        raise TrainplanError(
-            "tokens",
-            f"--objective {values['objective']} ranks by the run's cost, which needs --tokens (the length "
-            "of the run); give --tokens, or rank by time",
-        )
+    check_objective_tokens(values["objective"], recipe.tokens)
     groups = parse_groups(values["groups"]) if values.get("groups") else ()
     if groups and values.get("placement") not in (None, "disaggregated"):
         raise TrainplanError(

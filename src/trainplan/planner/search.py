@@ -114,6 +114,17 @@ COST_TABLE_NOTE = (
 """What a cost-objective comparison says of its own table (a caller that builds another table drops it)."""
 
 
+def check_objective_tokens(objective: str, tokens: float | None) -> None:
+    """A cost (or balanced) ranking needs the run's length: refused without ``--tokens`` rather
+    than ranked by time while saying cost."""
+    if objective != "time" and tokens is None:
+        raise TrainplanError(
+            "tokens",
+            f"--objective {objective} ranks by the run's cost, which needs --tokens (the length of the "
+            "run); give --tokens, or rank by time",
+        )
+
+
 def default_global_batch(recipe: Recipe) -> int:
     """~4M tokens for pre-training (a power of two of sequences), 128 sequences otherwise."""
     if recipe.method == "pretrain":
@@ -1008,12 +1019,7 @@ def plan(
         raise TrainplanError("deadline", f"must be a positive number of hours, got {deadline_h}")
     if (budget_usd is not None or deadline_h is not None) and recipe.tokens is None:
         raise TrainplanError("tokens", "a budget or a deadline needs --tokens (the length of the run)")
-    if objective != "time" and recipe.tokens is None:
-        raise TrainplanError(
-            "tokens",
-            f"--objective {objective} ranks by the run's cost, which needs --tokens (the length of the "
-            "run); give --tokens, or rank by time",
-        )
+    check_objective_tokens(objective, recipe.tokens)
     if not accelerators:
         raise TrainplanError("hardware", "name at least one accelerator")
     if pue < 1.0:
