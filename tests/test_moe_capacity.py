@@ -67,9 +67,13 @@ def test_the_step_slows_and_mfu_falls_while_hfu_counts_the_padding() -> None:
     system = System(accelerator=get_accelerator("tpu-v6e"), num_devices=256)
     layout = Layout(dp=256, zero=3)
     a, b, c = (estimate(system, MIXTRAL, r, layout) for r in (BASE, PADDED, EINSUM))
-    assert a.time.step_s < b.time.step_s < c.time.step_s
-    assert a.throughput.mfu > b.throughput.mfu > c.throughput.mfu
-    assert b.throughput.hfu > b.throughput.mfu
+    # padding slows both dispatches; which of the two padded ones is faster depends on the shapes
+    # (the grouped matmul's boundary tiles against the einsums' one-hot matmuls)
+    assert a.time.step_s < min(b.time.step_s, c.time.step_s)
+    assert a.throughput.mfu > max(b.throughput.mfu, c.throughput.mfu)
+    assert b.throughput.hfu > b.throughput.mfu and c.throughput.hfu > c.throughput.mfu
+    # the einsums' FLOPs are executed on top of the padded experts'
+    assert c.throughput.hardware_flops_per_step > b.throughput.hardware_flops_per_step
     # the expert all-to-all and the JSON carry the setting
     d = c.to_dict()
     assert d["recipe"]["moe_capacity_factor"] == 1.25 and d["recipe"]["moe_dispatch"] == "einsum"

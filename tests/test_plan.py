@@ -94,6 +94,7 @@ def _fields_equal_scalar(model, accs, cores, cand, prices, recipe, res, picked, 
         ("llama-3.2-1b", "pretrain", 4096),
         ("llama-3.2-1b", "qlora", 4096),
         ("qwen1.5-moe-a2.7b", "full", 8192),
+        ("deepseek-v2-lite", "pretrain", 4096),  # a dense first layer: stages of two kinds
     ],
 )
 def test_bulk_equals_scalar_on_every_reported_field(model_name: str, method: Method, seq_len: int) -> None:

@@ -596,3 +596,28 @@ def test_docs_kappa_table_quotes_calibration_toml() -> None:
     assert table == rewrite_kappa_cells(table), (
         "docs/timing.md's κ column is stale: run python scripts/regenerate.py"
     )
+
+
+def test_stage_gemm_efficiency_weights_every_layer_of_the_stage() -> None:
+    """A stage of 1 dense and 26 MoE layers (DeepSeek-V2-Lite) is charged the FLOP-weighted harmonic
+    mean over all 27 layers, not over one layer of each kind."""
+    from trainplan.efficiency import get_efficiency
+    from trainplan.flops import layer_gemms
+    from trainplan.timing import _stage_gemm_efficiency
+
+    model = load_model("deepseek-v2-lite")
+    layout = Layout(dp=8)
+    eff = get_efficiency("tpu-v7")  # packed-group experts: the two kinds differ a lot
+    layers = tuple(range(model.num_layers))
+    tokens = 8192
+    per_layer = []
+    for i in layers:
+        flops = sum(g.flops for g in layer_gemms(model, i, tokens))
+        per_layer.append((flops, _stage_gemm_efficiency(model, (i,), tokens, layout, eff, "bf16")))
+    expected = sum(f for f, _ in per_layer) / sum(f / e for f, e in per_layer)
+    got = _stage_gemm_efficiency(model, layers, tokens, layout, eff, "bf16")
+    assert got == pytest.approx(expected, rel=1e-12)
+    dense, moe = per_layer[0][1], per_layer[1][1]
+    assert dense != pytest.approx(moe, rel=1e-3)
+    one_of_each = (per_layer[0][0] + per_layer[1][0]) / (per_layer[0][0] / dense + per_layer[1][0] / moe)
+    assert got != pytest.approx(one_of_each, rel=1e-3)

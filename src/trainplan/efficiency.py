@@ -78,6 +78,10 @@ _DEVICE_KEYS: Final = frozenset(
         "gemm",
         "memory",
         "gemm_shapes",
+        "grouped_gemm_tile_rows",
+        "grouped_gemm_source",
+        "devices_per_chip",
+        "devices_source",
     }
 )
 _GEMM_KEYS: Final = frozenset({"measured_tflops", "peak_tflops", "shape", "library", "date", "source"})
@@ -109,13 +113,15 @@ class DeviceEfficiency:
     assumed: tuple[str, ...] = ()
     k_overhead: tuple[float, float] | None = None  # (a, b) of :func:`mainloop_fraction`, in k elements
     reference_shapes: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)  # gemm_max's m, n, k
+    grouped_gemm_tile_rows: int | None = None  # row tile of a packed-group (megablox-style) kernel
+    devices_per_chip: int = 1  # kernel-launching devices one catalog chip is (TPU7x: 2 TensorCores)
 
     def __post_init__(self) -> None:
         where = f"efficiency '{self.name}'"
         for dtype, value in self.gemm_efficiency_max.items():
             _fraction(f"gemm_efficiency_max.{dtype}", value, where)
         _fraction("memory_bandwidth_efficiency", self.memory_bandwidth_efficiency, where)
-        for key in ("compute_units", "tile_m", "tile_n"):
+        for key in ("compute_units", "tile_m", "tile_n", "grouped_gemm_tile_rows", "devices_per_chip"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise CatalogError(key, f"{where}: must be a positive integer or absent, got {value!r}")
@@ -309,10 +315,19 @@ def _load() -> tuple[Mapping[str, DeviceEfficiency], Mapping[str, float], float]
         else:
             mem_value = mem_fig.fraction
             sources["memory"] = mem_fig.source
+        gemm_values = {d: f.fraction for d, f in gemm_fig.items()}
+        if not gemm_fig:  # an entry for its other figures only: the fleet GEMM defaults, as for no entry
+            gemm_values = dict(gemm_default)
+            sources.update({f"gemm.{d}": _GEMM_DEFAULT_NOTE for d in gemm_values})
         if "bf16" not in gemm_fig:
             assumed.append("gemm_efficiency_max.bf16")
             sources["gemm.bf16"] = _GEMM_DEFAULT_NOTE
-        for key, src in (("compute_units", "units_source"), ("tile", "tile_source")):
+        for key, src in (
+            ("compute_units", "units_source"),
+            ("tile", "tile_source"),
+            ("grouped_gemm", "grouped_gemm_source"),
+            ("devices_per_chip", "devices_source"),
+        ):
             if src in entry:
                 sources[key] = _string(entry, src, f"{DATA_FILE}, device '{name}'")
         notes = entry.get("notes", [])
@@ -337,11 +352,13 @@ def _load() -> tuple[Mapping[str, DeviceEfficiency], Mapping[str, float], float]
             name=name,
             k_overhead=k_overhead,
             reference_shapes={d: f.shape for d, f in gemm_fig.items() if f.shape is not None},
-            gemm_efficiency_max={d: f.fraction for d, f in gemm_fig.items()},
+            gemm_efficiency_max=gemm_values,
             memory_bandwidth_efficiency=mem_value,
             compute_units=_opt_int(entry, "compute_units"),
             tile_m=_opt_int(entry, "tile_m"),
             tile_n=_opt_int(entry, "tile_n"),
+            grouped_gemm_tile_rows=_opt_int(entry, "grouped_gemm_tile_rows"),
+            devices_per_chip=_opt_int(entry, "devices_per_chip") or 1,
             wave_quantization=wave,
             sources=sources,
             notes=tuple(notes) + tuple(_assumed_note(a) for a in assumed),
@@ -532,6 +549,23 @@ def wave_fraction(tiles: int, units: int) -> float:
     about 1/2 for ``units + 1`` tiles.
     """
     return tiles / (math.ceil(tiles / units) * units)
+
+
+def packed_group_fraction(rows: float, groups: float, tile_rows: int) -> float:
+    """Useful share of the row tiles a packed-group grouped GEMM computes.
+
+    A megablox-style grouped matmul (JAX ``pallas/ops/tpu/megablox/gmm.py``; tokamax
+    ``ragged_dot`` ``pallas_mosaic_tpu_kernel.py`` ``make_group_metadata``) stores the ``rows``
+    rows of all ``groups`` groups back to back, sorted by group, and walks them in tiles of
+    ``tile_rows``. A tile that a group boundary crosses is computed once for each group it holds,
+    as a whole tile, and masked on store: ``tiles_m <= Σ group_tiles <= tiles_m + groups − 1``
+    (the kernel's own comment). Routed tokens (balanced or random) put nearly every boundary
+    inside a tile, so a call computes ``rows + (groups − 1)·tile_rows`` rows of work for ``rows``
+    useful ones. Returns ``rows / (rows + (groups − 1)·tile_rows)``; 1 for one group.
+    """
+    if groups <= 1 or rows <= 0:
+        return 1.0
+    return rows / (rows + (groups - 1.0) * tile_rows)
 
 
 def gemm_efficiency(eff: DeviceEfficiency, m: int, n: int, k: int, dtype: str) -> float:

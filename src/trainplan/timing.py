@@ -57,7 +57,7 @@ from trainplan.attention import AttentionEfficiency, attention_efficiency
 from trainplan.comm import Collective, group_placement, step_collectives
 from trainplan.data_files import data_toml
 from trainplan.dtypes import BYTES_PER_ELEMENT
-from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency
+from trainplan.efficiency import DeviceEfficiency, gemm_efficiency, get_efficiency, packed_group_fraction
 from trainplan.errors import LayoutError
 from trainplan.flops import (
     DROPLESS,
@@ -78,6 +78,7 @@ from trainplan.models.params import count_params
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, all_true, as_float, maximum, minimum, total, where
 from trainplan.recipe import OFFLOADS, Recipe, fp32_main_grad, reruns_forward_hooks
+from trainplan.sharding import layer_kinds
 from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
 
 GENERATION: Final[dict[str, str]] = {
@@ -302,6 +303,16 @@ class TimeBreakdown:
         }
 
 
+def stage_kind_counts(model: ModelSpec, layers: tuple[int, ...]) -> tuple[tuple[bool, int], ...]:
+    """(MoE?, number of layers) of each kind of layer among ``layers``, dense first: what
+    :func:`_stage_gemm_efficiency` depends on of a stage (the key its callers cache η by). A stage
+    of one kind has the η of one of its layers whatever their number: its count is given as 1."""
+    kinds = layer_kinds(model, layers)
+    if len(kinds) == 1:
+        return ((model.is_moe_layer(kinds[0][0]), 1),)
+    return tuple((model.is_moe_layer(rep), n) for rep, n in kinds)
+
+
 def _stage_gemm_efficiency(
     model: ModelSpec,
     layers: tuple[int, ...],
@@ -313,20 +324,25 @@ def _stage_gemm_efficiency(
 ) -> float:
     """FLOP-weighted harmonic mean of η_gemm over the stage's forward GEMM shapes.
 
-    Time = Σ flops_i / (peak·η_i) = (Σ flops_i) / (peak·η) with η = Σ flops_i / Σ (flops_i/η_i).
-    Backward GEMMs (dX, dW) have the same FLOPs with permuted shapes; they are charged the
-    forward shape's efficiency (the measured maximum is shape-agnostic beyond quantization).
+    Time = Σ flops_i / (peak·η_i) = (Σ flops_i) / (peak·η) with η = Σ flops_i / Σ (flops_i/η_i),
+    the sum over every layer of the stage: each kind of layer (dense, MoE) weighted by its number
+    of layers (``sharding.layer_kinds``). Backward GEMMs (dX, dW) have the same FLOPs with permuted
+    shapes; they are charged the forward shape's efficiency (the measured maximum is
+    shape-agnostic beyond quantization).
+
+    On a device whose grouped matmul packs the groups (``DeviceEfficiency.grouped_gemm_tile_rows``:
+    the TPU megablox / tokamax kernels), each routed-expert GEMM is one call per device over the
+    rows of all its local experts, and the tiles its group boundaries cross are computed once per
+    group (:func:`~trainplan.efficiency.packed_group_fraction`); its backward calls (the input
+    gradient gmm and the weight-gradient tgmm) walk the same rows and pay the same share.
     """
     flops = slow = 0.0
-    seen: set[bool] = set()
-    for i in layers[:1] if model.moe is None else layers:  # one kind per dense stage
-        kind = model.is_moe_layer(i)
-        if kind in seen:
-            continue
-        seen.add(kind)
+    # routed experts through a packed-group kernel (dropless or padded, not the one-hot einsums)
+    packed = eff.grouped_gemm_tile_rows if routing[1] is None else None
+    for rep, count in layer_kinds(model, layers):
         for g in layer_gemms(
             model,
-            i,
+            rep,
             tokens,
             tp=layout.tp,
             ep=layout.ep,
@@ -336,10 +352,17 @@ def _stage_gemm_efficiency(
         ):
             m, n, k = max(1, round(g.m)), max(1, round(g.n)), max(1, round(g.k))
             e = gemm_efficiency(eff, m, n, k, dtype)
-            flops += g.flops
-            slow += g.flops / e
+            if packed and g.name in ROUTED_EXPERT_GEMMS:
+                # one grouped call per device over all its local experts' rows
+                groups = model.moe.num_experts / layout.ep  # type: ignore[union-attr]
+                e *= packed_group_fraction(g.m * groups / eff.devices_per_chip, groups, packed)
+            flops += count * g.flops
+            slow += count * g.flops / e
     return flops / slow if slow else eff.gemm_max(dtype)
 
+
+ROUTED_EXPERT_GEMMS: Final = frozenset({"expert_up", "expert_down"})
+"""The routed experts' GEMMs of :func:`~trainplan.flops.layer_gemms` (grouped-matmul calls)."""
 
 LOW_PRECISION: Final = ("fp8", "fp4")
 """Recipes whose transformer-block GEMMs run in a narrower dtype than their activations."""
@@ -850,12 +873,12 @@ def step_time(
     m = stages[0].micro_batches
     tokens = recipe.micro_batch * (recipe.seq_len // layout.cp)
 
-    # η depends only on the layer kinds (dense, MoE) a stage holds, in order of first appearance:
-    # computed once per distinct sequence of kinds (pipeline stages usually share one).
-    etas: dict[tuple[bool, ...], float] = {}
+    # η depends only on how many layers of each kind (dense, MoE) a stage holds: computed once
+    # per distinct count (pipeline stages usually share one).
+    etas: dict[tuple[tuple[bool, int], ...], float] = {}
 
     def stage_time(st: StageFlops) -> tuple[float, float, float, float]:
-        kinds = model.layer_kinds_of(st.layers)
+        kinds = stage_kind_counts(model, st.layers)
         eta = etas.get(kinds)
         if eta is None:
             eta = etas[kinds] = _stage_gemm_efficiency(

@@ -423,12 +423,6 @@ class ModelSpec:
             approximations=tuple(a for a in self.approximations if MTP_NOTE not in a),
         )
 
-    def layer_kinds_of(self, layers: tuple[int, ...]) -> tuple[bool, ...]:
-        """The kinds (MoE?) among ``layers`` in order of first appearance."""
-        if self.moe is None:
-            return (False,) if layers else ()
-        return tuple(dict.fromkeys(self.is_moe_layer(i) for i in layers))
-
     @functools.cached_property
     def num_moe_layers(self) -> int:
         return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))

@@ -142,6 +142,7 @@ from trainplan.timing import (
     flops_utilisation,
     grad_accumulation_bytes_n,
     recipe_peaks,
+    stage_kind_counts,
     step_lower_bound_s,
     step_terms,
 )
@@ -756,7 +757,7 @@ class BulkEvaluator:
         self._layout_cache: dict[tuple[object, ...], Layout] = {}
         # the stage store: 10 figures per distinct stage (see _stage_rows), its layers and kinds
         self._stage_work: list[float] = []
-        self._stage_layers: list[tuple[tuple[int, ...], tuple[bool, ...]]] = []
+        self._stage_layers: list[tuple[tuple[int, ...], tuple[tuple[bool, int], ...]]] = []
         self._flop_rows: dict[int, tuple[int, int]] = {}
         self._eta_of_row: dict[tuple[int, int, int], int] = {}
         self._eta_cache: dict[int, FloatArray] = {}
@@ -764,7 +765,7 @@ class BulkEvaluator:
         self._eta_keys: list[tuple[tuple[Any, ...], tuple[int, ...], Layout]] = []
         self._stage_recipes: dict[tuple[object, ...], Recipe] = {}
         self._layer_caches: dict[tuple[object, ...], dict[object, Any]] = {}
-        self._kinds: dict[tuple[int, ...], tuple[bool, ...]] = {}
+        self._kinds: dict[tuple[int, ...], tuple[tuple[bool, int], ...]] = {}
         self._accel_cache: dict[tuple[int, int], _Accel] = {}
         self._accel_tabs: dict[str, FloatArray] = {}
         self._precs: list[str] = sorted({c.precision for c in cores})
@@ -1330,7 +1331,7 @@ class BulkEvaluator:
             ):
                 kinds = self._kinds.get(st.layers)
                 if kinds is None:
-                    kinds = self.model.layer_kinds_of(st.layers)
+                    kinds = stage_kind_counts(self.model, st.layers)
                     self._kinds[st.layers] = kinds
                 key = (st.forward, st.backward, st.recompute, st.dequant_bytes, kinds)
                 if key in seen:
