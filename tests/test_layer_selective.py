@@ -96,3 +96,77 @@ def test_plan_refuses_with_the_way_out(capsys: pytest.CaptureFixture[str]) -> No
 def test_estimate_cli(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["estimate", "llama-3-8b", "--hardware", "h100-sxm", "--devices", "8", "--zero", "3"]
     assert main([*args, "--recompute", "full", "--recompute-every", "2", "--json"]) == 0
+
+
+# Megatron-LM's block method: the first N blocks of each stage (Recipe.recompute_layers)
+
+
+def test_megatron_block_method_recomputes_the_first_blocks() -> None:
+    """transformer_block.py _checkpointed_forward, method 'block': layer l is checkpointed when
+    l < recompute_num_layers."""
+    r = Recipe(recompute="full", recompute_layers=3)
+    assert [recomputes_block(r, j) for j in range(6)] == [True, True, True, False, False, False]
+
+
+def test_block_method_counts_like_every_nth_with_the_same_number() -> None:
+    """16 of 32 blocks checkpointed: the first 16 (Megatron) hold what every 2nd (torchtitan) holds,
+    and recompute the same FLOPs; 21 of 80 is 21/80 of full recompute."""
+    lay = Layout()
+    first = Recipe(recompute="full", recompute_layers=16)
+    every = Recipe(recompute="full", recompute_every=2)
+    mf, me = memory_breakdown(MODEL, first, lay), memory_breakdown(MODEL, every, lay)
+    assert mf.activations_bytes == pytest.approx(me.activations_bytes, rel=1e-12)
+    assert step_flops(MODEL, first).recompute.flops == pytest.approx(step_flops(MODEL, every).recompute.flops)
+    big = load_model("llama-2-70b")
+    full = step_flops(big, Recipe(recompute="full")).recompute.flops
+    assert step_flops(big, Recipe(recompute="full", recompute_layers=21)).recompute.flops == pytest.approx(
+        21 / 80 * full, rel=1e-12
+    )
+    # per pipeline stage: 4 stages of 8, the first 3 of each
+    per_block = step_flops(MODEL, Recipe(recompute="full", global_batch=8)).recompute.flops / 32
+    rec = step_flops(MODEL, Recipe(recompute="full", recompute_layers=3, global_batch=8), Layout(pp=4))
+    assert rec.recompute.flops == pytest.approx(12 * per_block, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "layout", "match"),
+    [
+        ({"recompute": "selective"}, Layout(), "needs --recompute full"),
+        ({"recompute": "full", "recompute_every": 2}, Layout(), "give one"),
+        ({"recompute": "full", "stack": "pytorch"}, Layout(), "--recompute-every, or --stack megatron"),
+        ({"recompute": "full"}, Layout(pp=4, virtual_stages=2, pp_schedule="interleaved"), "virtual chunk"),
+        ({"recompute": "full"}, Layout(tp=2), "tensor parallelism"),
+    ],
+)
+def test_block_method_refusals(kwargs: dict[str, object], layout: Layout, match: str) -> None:
+    with pytest.raises(TrainplanError, match=match):
+        memory_breakdown(MODEL, Recipe(recompute_layers=2, global_batch=8, **kwargs), layout)  # type: ignore[arg-type]
+    with pytest.raises(LayoutError, match="every block would be"):
+        step_flops(MODEL, Recipe(recompute="full", recompute_layers=32))
+
+
+def test_block_method_exports() -> None:
+    from trainplan.export import megatron as mg_export
+    from trainplan.export import nemo as nemo_export
+
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=8)
+    model = load_model("llama-3.1-8b")
+    recipe, layout = Recipe(recompute="full", recompute_layers=5, global_batch=64), Layout(dp=8, zero=1)
+    argv = mg_export.build_argv(system, model, recipe, layout)[0]
+    i = argv.index("--recompute-method")
+    assert argv[i + 1 : i + 4] == ["block", "--recompute-num-layers", "5"]
+    text = nemo_export.render(system, model, recipe, layout)[0]
+    assert '"recompute_method": "block",' in text and '"recompute_num_layers": 5,' in text
+    for export in (tt_export.build_config, ds_export.build_config):
+        with pytest.raises(TrainplanError, match="first 5 blocks"):
+            export(system, model, recipe, Layout(dp=8, zero=3))
+
+
+def test_block_method_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["estimate", "llama-2-70b", "--hardware", "mi300x", "--devices", "8", "--method", "lora"]
+    assert (
+        main([*args, "--recompute", "full", "--recompute-layers", "21", "--seq-len", "8192", "--json"]) == 0
+    )
+    capsys.readouterr()
+    assert main(["plan", "llama-3-8b", "--hardware", "h100-sxm", "--recompute-layers", "2"]) != 0
+    assert "--recompute-layers 2" in capsys.readouterr().err

@@ -594,3 +594,21 @@ def _brute_force_best(
         if e.feasible and e.run.time_s is not None and e.run.time_s < best:
             best, best_cfg = e.run.time_s, (acc.name, n, lay, mb, rc)
     return best, best_cfg
+
+
+def test_bulk_equals_scalar_with_the_fp8_switches() -> None:
+    """Transformer Engine's FP8 weights, SwiGLU input and attention in the planner's arrays."""
+    recipe = Recipe(
+        precision="fp8",
+        tokens=1e9,
+        global_batch=32,
+        seq_len=4096,
+        fp8_params=True,
+        fp8_activation_store=True,
+        fp8_attention=True,
+    )
+    space = SearchSpace(micro_batches=(1, 2), max_devices=16, precisions=("fp8",), zero_stages=(1, 2, 3))
+    model, accs, cores, cand, prices, res = _bulk("llama-3.2-1b", recipe, ("h100-sxm", "b200"), space)
+    feasible = np.nonzero(res.feasible)[0]
+    picked = np.random.default_rng(3).choice(feasible, 40, replace=False).tolist()
+    assert _fields_equal_scalar(model, accs, cores, cand, prices, recipe, res, picked) > 500

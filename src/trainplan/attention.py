@@ -67,6 +67,18 @@ _CURVE_KEYS: Final = frozenset({"kernel", "pass", "causal", "head_dim", "tflops"
 _RATIO_KEYS: Final = frozenset({"kernel", "of", "forward", "backward", "measured_on", "source"})
 RATIO_KERNELS: Final = ("triton",)
 """Kernels stored as a published speed ratio to a kernel with curves (the data file's ``[[ratio]]``)."""
+_FP8_KEYS: Final = frozenset(
+    {
+        "generation",
+        "gpu",
+        "seq_len",
+        "forward_causal",
+        "backward_causal",
+        "forward_full",
+        "backward_full",
+        "source",
+    }
+)
 _GEN_KEYS: Final = frozenset(
     {"name", "default", "scale", "assumed", "source", "megatron", "pytorch", "deepspeed", "maxtext", "neuron"}
 )
@@ -90,6 +102,22 @@ class _Ratio:
 
 
 @dataclass(frozen=True)
+class _Fp8:
+    """One generation's FP8 / BF16 attention measurement (the data file's ``[[fp8]]``)."""
+
+    gpu: str
+    seq_len: tuple[int, ...]
+    # (pass, causal) -> (bf16 TFLOP/s, fp8 TFLOP/s) per sequence length
+    tflops: Mapping[tuple[str, bool], tuple[tuple[float, ...], tuple[float, ...]]]
+    source: str
+
+    def ratio(self, pass_: str, causal: bool, seq: float) -> float:
+        """FP8 / BF16 throughput of one pass at ``seq`` (interpolated in log₂ seq, ends held)."""
+        bf16, fp8 = self.tflops[(pass_, causal)]
+        return _interp_log(self.seq_len, [f / b for b, f in zip(bf16, fp8, strict=True)], seq)
+
+
+@dataclass(frozen=True)
 class _Table:
     peak_tflops: float
     seq_len: tuple[int, ...]
@@ -97,6 +125,7 @@ class _Table:
     sources: Mapping[tuple[str, str, bool, int], str]
     generations: Mapping[str, _Generation]
     ratios: Mapping[str, _Ratio]
+    fp8: Mapping[str, _Fp8]
 
 
 @functools.cache
@@ -207,6 +236,40 @@ def _load() -> _Table:
         )
     if "other" not in gens:
         raise CatalogError("generation", f"{where}: needs the 'other' generation (the stated fallback)")
+    fp8: dict[str, _Fp8] = {}
+    for entry in doc.get("fp8", []):
+        unknown = set(entry) - _FP8_KEYS
+        if unknown:
+            raise CatalogError(
+                sorted(unknown)[0], f"{where}: unknown [[fp8]] key; allowed: {sorted(_FP8_KEYS)}"
+            )
+        gen, lengths = entry.get("generation"), entry.get("seq_len")
+        if gen not in gens or gen in fp8:
+            raise CatalogError("fp8", f"{where}: [[fp8]] generation {gen!r} unknown or given twice")
+        if not isinstance(lengths, list) or len(lengths) < 2 or sorted(set(lengths)) != lengths:
+            raise CatalogError("seq_len", f"{where}, [[fp8]] {gen}: increasing sequence lengths")
+        table: dict[tuple[str, bool], tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        for pass_ in PASSES:
+            for causal, mask in ((True, "causal"), (False, "full")):
+                pair = entry.get(f"{pass_}_{mask}")
+                if (
+                    not isinstance(pair, list)
+                    or len(pair) != 2
+                    or not all(
+                        isinstance(row, list)
+                        and len(row) == len(lengths)
+                        and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in row)
+                        for row in pair
+                    )
+                ):
+                    raise CatalogError(
+                        f"{pass_}_{mask}",
+                        f"{where}, [[fp8]] {gen}: [[bf16 TFLOP/s], [fp8 TFLOP/s]] per sequence length",
+                    )
+                table[(pass_, causal)] = (tuple(map(float, pair[0])), tuple(map(float, pair[1])))
+        fp8[str(gen)] = _Fp8(
+            str(entry.get("gpu")), tuple(lengths), MappingProxyType(table), str(entry.get("source"))
+        )
     return _Table(
         float(peak),
         tuple(seq),
@@ -214,6 +277,7 @@ def _load() -> _Table:
         MappingProxyType(sources),
         MappingProxyType(gens),
         MappingProxyType(ratios),
+        MappingProxyType(fp8),
     )
 
 
@@ -354,10 +418,17 @@ def attention_efficiency(
     cp: int = 1,
     causal: bool = True,
     kernel: str | None = None,
+    fp8: bool = False,
 ) -> AttentionEfficiency:
     """η_attn per pass of a stack's fused attention kernel on a generation, for a causal (default)
     sequence of ``seq_len`` tokens split over ``cp`` ranks (:func:`ring_efficiency`). ``kernel``
-    names the kernel the run selected instead of the stack's (``triton``: :data:`RATIO_KERNELS`)."""
+    names the kernel the run selected instead of the stack's (``triton``: :data:`RATIO_KERNELS`).
+
+    ``fp8``: the kernel runs in FP8 (Transformer Engine's FP8 dot-product attention): each pass's
+    fraction of the BF16 peak is the BF16 one times the FP8 / BF16 throughput ratio cuDNN's
+    benchmark measures on the generation (the data file's ``[[fp8]]``, :func:`fp8_generations`),
+    at the kernel's sequence length, masked and unmasked alike under a ring. A generation without
+    such a measurement raises."""
     if cp < 1 or seq_len < cp:
         raise CatalogError("cp", f"cp must be in [1, seq_len], got {cp} for sequence {seq_len}")
     own_kernel, gen, assumed = kernel_for(generation, stack)
@@ -372,13 +443,28 @@ def attention_efficiency(
     length = seq_len / cp
     notes: list[str] = []
     etas: list[float] = []
+    measured = _load().fp8.get(gen) if fp8 else None
+    if fp8:
+        if measured is None:
+            raise CatalogError(
+                "fp8_attention",
+                f"no FP8 attention measurement for the {gen} generation (published: "
+                f"{', '.join(fp8_generations())}); drop --fp8-attention",
+            )
+        notes.append(
+            f"FP8 attention: the BF16 kernel's fraction times cuDNN's FP8 / BF16 ratio per pass, measured on "
+            f"{measured.gpu}" + ("" if head_dim == 128 else f" (head dim 128's ratio at head dim {head_dim})")
+        )
+
+    def fraction(pass_: str, masked: bool) -> float:
+        eta, more = kernel_fraction(kernel, gen, pass_, masked, head_dim, length)
+        notes.extend(more)
+        return eta * measured.ratio(pass_, masked, length) if measured is not None else eta
+
     for pass_ in PASSES:
-        own, n1 = kernel_fraction(kernel, gen, pass_, causal, head_dim, length)
-        notes += n1
+        own = fraction(pass_, causal)
         if cp > 1 and causal:
-            full, n2 = kernel_fraction(kernel, gen, pass_, False, head_dim, length)
-            notes += n2
-            own = ring_efficiency(own, full, cp)
+            own = ring_efficiency(own, fraction(pass_, False), cp)
         etas.append(own)
     if cp > 1 and causal:
         notes.append(
@@ -395,6 +481,11 @@ def attention_efficiency(
     )
 
 
+def fp8_generations() -> tuple[str, ...]:
+    """The generations with a measured FP8 / BF16 attention ratio (the data file's ``[[fp8]]``)."""
+    return tuple(_load().fp8)
+
+
 def curve_sources() -> dict[str, str]:
     """The figure each stored curve was read from, keyed ``kernel/pass/causal|full/d<head dim>``."""
     tab = _load()
@@ -406,6 +497,7 @@ __all__ = [
     "AttentionEfficiency",
     "attention_efficiency",
     "curve_sources",
+    "fp8_generations",
     "kernel_for",
     "kernel_fraction",
     "ring_efficiency",

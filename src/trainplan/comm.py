@@ -1621,7 +1621,7 @@ def step_collectives(
             skipped_reductions=recompute_skipped_tp_reductions(spec, recipe, most_stage_layers(spec, layout)),
             virtual_stages=layout.virtual_stages,
             weight_bytes=e,
-            stored_weight_bytes=BYTES_PER_ELEMENT["nf4"] if recipe.method == "qlora" else e,
+            stored_weight_bytes=recipe.gathered_weight_bytes,
             dense_params=dense_params,
             expert_params=expert_params,
             trainable_dense_params=dense_params if trainable_dense_params is None else trainable_dense_params,

@@ -55,7 +55,7 @@ from trainplan.layout import Layout
 from trainplan.layout import stage_layers as stage_layers  # the one stage assignment (re-exported)
 from trainplan.models.params import lora_modules
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import LoRASpec, Recipe, block_recipe, recompute_module_set
+from trainplan.recipe import LoRASpec, Recipe, block_recipe, recompute_module_set, recomputes_position
 from trainplan.sac import block_linears, check_sac
 
 Direction = Literal["forward", "backward"]
@@ -208,6 +208,15 @@ def check_modelled(spec: ModelSpec, recipe: Recipe, layout: Layout | None) -> No
         check_sac(spec, layout)
     whole = layout if layout is not None else Layout()
     check_layer_selective(recipe, whole)
+    if recipe.recompute_layers:
+        most = max(map(len, whole.stage_layers(spec.num_layers)))
+        if recipe.recompute_layers >= most:
+            raise LayoutError(
+                "recompute_layers",
+                f"--recompute-layers {recipe.recompute_layers} recomputes the first N blocks of each pipeline "
+                f"stage, and a stage holds at most {most}, so every block would be: use --recompute-layers "
+                f"{most - 1} or less, or plain --recompute full",
+            )
     if recipe.recompute_every > 1:
         most = max(map(len, whole.stage_layers(spec.num_layers)))
         if recipe.recompute_every > most:
@@ -220,6 +229,38 @@ def check_modelled(spec: ModelSpec, recipe: Recipe, layout: Layout | None) -> No
     check_moe_routing(recipe, whole)
     check_mla_layout(spec, recipe, whole)
     check_moe_tp(spec, recipe, whole)
+    check_fp8_options(spec, recipe)
+
+
+def check_fp8_options(spec: ModelSpec, recipe: Recipe) -> None:
+    """The model rule of the Transformer Engine FP8 switches (the recipe's own are checked when it
+    is built): Megatron-Core stores the activation input in FP8 only for SwiGLU
+    (transformer_config.py L2467-2469)."""
+    if recipe.fp8_activation_store and spec.activation != "swiglu":
+        raise RecipeError(
+            "fp8_activation_store",
+            f"Megatron-Core stores the activation input in FP8 only for SwiGLU; {spec.name} uses "
+            f"{spec.activation}: drop --fp8-activation-store",
+        )
+
+
+def fp8_params_needs_sharding(recipe: Recipe) -> bool:
+    """Whether ``recipe`` trains FP8 weights (``Recipe.fp8_params`` with trained base weights),
+    which Megatron-LM accepts only with the distributed optimizer or an FSDP, ZeRO ≥ 1
+    (megatron/training/arguments.py L1095-1097: "--fp8-param-gather only supported with
+    distributed optimizer, torch fsdp2, megatron fsdp, or inference mode")."""
+    return recipe.fp8_params and not recipe.is_peft
+
+
+def check_fp8_layout(recipe: Recipe, layout: Layout) -> None:
+    """Refuse trained FP8 weights without ZeRO (:func:`fp8_params_needs_sharding`)."""
+    if fp8_params_needs_sharding(recipe) and layout.zero == 0:
+        raise LayoutError(
+            "fp8_params",
+            "--fp8-params trains FP8 weights that Megatron-LM keeps only with the distributed optimizer or an "
+            "FSDP ('--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp'); "
+            "use --zero 1 or more",
+        )
 
 
 def check_moe_tp(spec: ModelSpec, recipe: Recipe, layout: Layout) -> None:
@@ -1102,19 +1143,28 @@ def _layer_passes(
 
 @functools.lru_cache(maxsize=4096)
 def _kind_counts(
-    spec: ModelSpec, layers: range | tuple[int, ...], peft: bool, recompute_every: int = 1
+    spec: ModelSpec,
+    layers: range | tuple[int, ...],
+    peft: bool,
+    recompute_every: int = 1,
+    recompute_layers: int = 0,
 ) -> dict[tuple[bool, bool, bool], tuple[int, int, int]]:
     """{(MoE?, first layer under PEFT?, recomputed?): (representative layer, its position in the
     stage, count)} over ``layers``.
 
     The first layer under PEFT is its own kind: its input needs no gradient (see _layer_passes).
-    Under layer-selective checkpointing (``recompute_every`` n > 1) the stage's n-th, 2n-th, …
-    blocks are recomputed and the others are not (:func:`trainplan.recipe.recomputes_block`).
+    Under layer-selective checkpointing (``recompute_every`` n > 1: the stage's n-th, 2n-th, …
+    blocks; ``recompute_layers`` N > 0: its first N) the named blocks are recomputed and the
+    others are not (:func:`trainplan.recipe.recomputes_block`).
     """
     counts: dict[tuple[bool, bool, bool], tuple[int, int, int]] = {}
     dense = spec.moe is None
     for j, i in enumerate(layers):
-        kind = (False if dense else spec.is_moe_layer(i), peft and i == 0, (j + 1) % recompute_every == 0)
+        kind = (
+            False if dense else spec.is_moe_layer(i),
+            peft and i == 0,
+            recomputes_position(j, recompute_every, recompute_layers),
+        )
         first, pos, n = counts.get(kind, (i, j, 0))
         counts[kind] = (first, pos, n + 1)
     return counts
@@ -1133,7 +1183,7 @@ def _sum_layers(
     layer; each kind is computed once and multiplied by its count (keeps an estimate well under 1 ms).
     """
     # a range hashes in constant time (the whole model's layers); a stage's layers are a tuple
-    counts = _kind_counts(spec, layers, recipe.is_peft, recipe.recompute_every)
+    counts = _kind_counts(spec, layers, recipe.is_peft, recipe.recompute_every, recipe.recompute_layers)
     cache = {} if cache is None else cache
     key = tuple(sorted((kind, n) for kind, (_, _, n) in counts.items()))
     if key in cache:
@@ -1320,7 +1370,7 @@ def step_flops(
     b = float(sequences)
     split = _Split()
     # Layer-selective checkpointing counts blocks per pipeline stage (recipe.recomputes_block).
-    groups = whole.stage_layers(spec.num_layers) if recipe.recompute_every > 1 else (range(spec.num_layers),)
+    groups = whole.stage_layers(spec.num_layers) if recipe.layer_selective else (range(spec.num_layers),)
     forward = backward = recompute = PassCost()
     model = dequant = 0.0
     for layers in groups:
@@ -1411,12 +1461,28 @@ def _distinct_dense_stages(
 
 
 def check_layer_selective(recipe: Recipe, layout: Layout) -> None:
-    """Refuse the layouts under which layer-selective checkpointing (``recompute_every`` > 1) is
-    not modelled: the communication that a recomputed block repeats (the tensor-parallel
-    collectives of its forward, the context-parallel ring, expert all-to-alls, per-parameter
-    ZeRO-3 gathers, streamed weights) is counted for every block of the stage or none."""
-    if recipe.recompute_every == 1:
+    """Refuse the layouts under which layer-selective checkpointing (``recompute_every`` > 1,
+    ``recompute_layers`` > 0) is not modelled: the communication that a recomputed block repeats
+    (the tensor-parallel collectives of its forward, the context-parallel ring, expert
+    all-to-alls, per-parameter ZeRO-3 gathers, streamed weights) is counted for every block of the
+    stage or none; Megatron's block method counts the first blocks of each virtual chunk, which
+    trainplan's stages do not separate."""
+    if not recipe.layer_selective:
         return
+    flag = "recompute_layers" if recipe.recompute_layers else "recompute_every"
+    given = (
+        f"--recompute-layers {recipe.recompute_layers}"
+        if recipe.recompute_layers
+        else (f"--recompute-every {recipe.recompute_every}")
+    )
+    undo = "plain --recompute full" if recipe.recompute_layers else "--recompute-every 1"
+    if recipe.recompute_layers and layout.virtual_stages > 1:
+        raise LayoutError(
+            flag,
+            f"{given} with {layout.virtual_stages} virtual stages: Megatron's block method recomputes the "
+            "first N blocks of every virtual chunk, which is not modelled; use --virtual-stages 1, or "
+            + undo,
+        )
     blocked = [
         (layout.tp > 1, "tensor parallelism (--tp 1)"),
         (layout.cp > 1, "context parallelism (--cp 1)"),
@@ -1427,10 +1493,10 @@ def check_layer_selective(recipe: Recipe, layout: Layout) -> None:
     for bad, fix in blocked:
         if bad:
             raise LayoutError(
-                "recompute_every",
-                f"--recompute-every {recipe.recompute_every} with {fix.split(' (')[0]}: the collectives a "
-                "recomputed block repeats are counted for all blocks or none, so checkpointing every "
-                f"n-th block is not modelled there; use {fix.split(' (')[1][:-1]}, or --recompute-every 1",
+                flag,
+                f"{given} with {fix.split(' (')[0]}: the collectives a recomputed block repeats are "
+                "counted for all blocks or none, so checkpointing some blocks of a stage is not modelled "
+                f"there; use {fix.split(' (')[1][:-1]}, or {undo}",
             )
 
 

@@ -530,6 +530,16 @@ RECIPE_FIELDS: Final = (
         help="with --recompute full, checkpoint only every N-th block of each pipeline stage, the others "
         "keeping all activations (torchtitan selective_ac_option = N; default 1, every block)",
     ),
+    Field(
+        name="recompute_layers",
+        group="recipe",
+        type=int,
+        default=_default(Recipe, "recompute_layers"),
+        metavar="N",
+        help="with --recompute full on the megatron stack, recompute only the first N blocks of each "
+        "pipeline stage, the others keeping all activations (Megatron-LM --recompute-method block "
+        "--recompute-num-layers N; default 0, every block)",
+    ),
     _engine_switch(
         "recompute_early_stop",
         "recipe",
@@ -561,6 +571,24 @@ RECIPE_FIELDS: Final = (
         "the loss of Hugging Face transformers 4.46-4.49 (ForCausalLMLoss): an FP32 contiguous copy of "
         "the shifted logits alive with their 16-bit and FP32 forms while cross-entropy runs "
         "(4.50 and later make no copy)",
+    ),
+    _switch(
+        "fp8_params",
+        "recipe",
+        "Transformer Engine FP8 weights (te.fp8_model_init; Megatron-LM --fp8-param-gather, NeMo fp8_params): "
+        "a frozen LoRA base in 1 byte per parameter, the gathered weights in FP8 (megatron stack, --precision fp8)",
+    ),
+    _switch(
+        "fp8_activation_store",
+        "recipe",
+        "Megatron-Core activation_func_fp8_input_store: the SwiGLU saves its input in FP8 (megatron stack, "
+        "--precision fp8)",
+    ),
+    _switch(
+        "fp8_attention",
+        "recipe",
+        "Transformer Engine FP8 dot-product attention (cuDNN FP8 forward and backward, at the FP8 / BF16 "
+        "ratios NVIDIA's cuDNN benchmarks measure; q, k, v saved in FP8) (megatron stack, --precision fp8)",
     ),
     _switch(
         "triton_attention",
@@ -1494,6 +1522,9 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         and (method == "qlora" or "kbit_fp32_upcast" in applied.explicit),
         logits_shift_copy=bool(values.get("logits_shift_copy", False)),
         triton_attention=bool(values.get("triton_attention", False)),
+        fp8_params=bool(values.get("fp8_params", False)),
+        fp8_activation_store=bool(values.get("fp8_activation_store", False)),
+        fp8_attention=bool(values.get("fp8_attention", False)),
         # the engine's eager-attention convention applies to eager attention; a flag with flash is refused
         softmax_fp32=bool(applied.values["softmax_fp32"])
         and (values["attention"] == "eager" or "softmax_fp32" in applied.explicit),
@@ -1501,6 +1532,7 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         torch_compile=bool(applied.values["torch_compile"])
         and (applied.values["stack"] == "pytorch" or "torch_compile" in applied.explicit),
         recompute_every=values.get("recompute_every") or 1,
+        recompute_layers=values.get("recompute_layers") or 0,
         stack=applied.values["stack"],  # type: ignore[arg-type]
         moe_capacity_factor=values.get("moe_capacity_factor"),
         moe_dispatch=values.get("moe_dispatch") or "gather",

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from trainplan.dtypes import BYTES_PER_ELEMENT
@@ -42,7 +42,7 @@ from trainplan.flops import check_modelled, expert_capacity, expert_slot_ratio
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
 from trainplan.num import Bool, Int, Num, as_float, maximum, minimum, where
-from trainplan.recipe import LORA_TARGETS, Recipe, block_recipe, recompute_module_set
+from trainplan.recipe import LORA_TARGETS, Recipe, block_recipe, recompute_module_set, without_recompute
 from trainplan.sac import block_linears, check_sac
 from trainplan.sharding import DeviceParams, Linear, device_params, layer_kinds, stage_layers
 from trainplan.units import GiB, fmt_bytes
@@ -552,6 +552,12 @@ def linear_input_bytes_per_element(recipe: Recipe) -> float:
     return activation_bytes_per_element(recipe)
 
 
+def activation_input_bytes_per_element(recipe: Recipe) -> float:
+    """Bytes per element of the input a Megatron-Core SwiGLU saves: FP8 under
+    ``Recipe.fp8_activation_store`` (``activation_func_fp8_input_store``), else the activation dtype."""
+    return BYTES_PER_ELEMENT["fp8"] if recipe.fp8_activation_store else activation_bytes_per_element(recipe)
+
+
 def _te_mlp_terms(
     model: ModelSpec,
     tokens: float,
@@ -561,16 +567,18 @@ def _te_mlp_terms(
     prefix: str,
     *,
     down_trained: bool = True,
+    act_in: float | None = None,
 ) -> dict[str, float]:
     """Tensors one Megatron-Core MLP saves (fc1 ``TELayerNormColumnParallelLinear`` or
     ``TEGroupedLinear``, Megatron's activation, fc2 ``TERowParallelLinear``): the activation
     function saves its input, the fc1 output, in the activation dtype — 2·f wide for a gated MLP
     (Megatron-LM ``megatron/core/fusions/fused_bias_swiglu.py`` L180-184, ``SwiGLUFunction`` /
-    ``WeightedSwiGLUFunction``: ``ctx.save_for_backward(input_for_backward, ...)``,
-    ``activation_func_fp8_input_store`` off by default) — and fc2 saves its input, the activation
-    output, at :func:`linear_input_bytes_per_element` (none when fc2 is frozen). 3·e·f for a
-    BF16 SwiGLU MLP where eager PyTorch saves 4·e·f (:func:`_mlp_terms`)."""
-    fc1_out = (2.0 if model.gated else 1.0) * e * tokens * width_local
+    ``WeightedSwiGLUFunction``: ``ctx.save_for_backward(input_for_backward, ...)``), or at
+    ``act_in`` bytes per element (:func:`activation_input_bytes_per_element`: FP8 under
+    ``activation_func_fp8_input_store``) — and fc2 saves its input, the activation output, at
+    :func:`linear_input_bytes_per_element` (none when fc2 is frozen). 3·e·f for a BF16 SwiGLU MLP
+    where eager PyTorch saves 4·e·f (:func:`_mlp_terms`)."""
+    fc1_out = (2.0 if model.gated else 1.0) * (e if act_in is None else act_in) * tokens * width_local
     fc2_in = lin * tokens * width_local if down_trained else 0.0
     return {prefix + "mlp_intermediate": fc1_out + fc2_in}
 
@@ -668,6 +676,7 @@ def layer_activations(
     # in the activation dtype, all-gathered under DTensor sequence parallelism.
     te = te_saved_set(recipe)
     lin = linear_input_bytes_per_element(recipe)
+    act_in = activation_input_bytes_per_element(recipe)
     # Outside the tp region (divided by t only with sequence parallelism).
     # (er: the residual stream and the norm outputs, FP32 under kbit_fp32_upcast)
     terms["attn_norm_input"] = er * tokens * h / sp_div
@@ -710,7 +719,9 @@ def layer_activations(
     stat_bytes = 4.0 if model.norm == "rmsnorm" else 8.0  # FP32 rstd (+ mean for LayerNorm) per token
     terms["norm_stats"] = norms * stat_bytes * tokens / sp_div
     # Inside the tp region.
-    terms["q_k_v"] = e * tokens * (q_local + g_local + v_local)
+    # FP8 attention (Recipe.fp8_attention) saves q, k and v quantized, the output O in 16 bits
+    qkv_b = BYTES_PER_ELEMENT["fp8"] if recipe.fp8_attention else e
+    terms["q_k_v"] = qkv_b * tokens * (q_local + g_local + v_local)
     if model.qk_norm:
         # Qwen3/OLMo 2: q and k norms save their inputs and an FP32 rstd per head (or per token).
         per_token_stats = 2 if model.qk_norm_full_width else (a_local + g_local / model.head_dim)
@@ -771,7 +782,9 @@ def layer_activations(
             terms["expert_inputs"] = lin * slots * h
             # moe_act: the activation output (fc2's input) is discarded and recomputed
             fc2_in = down and "moe_act" not in modules
-            terms.update(_te_mlp_terms(model, slots, width, e, lin, "expert_", down_trained=fc2_in))
+            terms.update(
+                _te_mlp_terms(model, slots, width, e, lin, "expert_", down_trained=fc2_in, act_in=act_in)
+            )
         else:
             # int64 top-k indices (saved by ``topk``), the dispatch sort order (saved by the
             # ``index_select`` that gathers the scores) and the token index of each routed row
@@ -790,7 +803,7 @@ def layer_activations(
         if moe.num_shared_experts:
             shared = moe.num_shared_experts * moe.shared_width / t
             terms.update(
-                _te_mlp_terms(model, tokens, shared, e, lin, "shared_", down_trained=down)
+                _te_mlp_terms(model, tokens, shared, e, lin, "shared_", down_trained=down, act_in=act_in)
                 if te
                 else _mlp_terms(model, tokens, shared, e, "shared_", down_trained=down)
             )
@@ -808,7 +821,11 @@ def layer_activations(
             # kept in the activation dtype; nothing inside it is saved
             terms["mlp_input"] = e * tokens * h / sp_div
         elif te:
-            terms.update(_te_mlp_terms(model, tokens, model.ffn_hidden / t, e, lin, "", down_trained=down))
+            terms.update(
+                _te_mlp_terms(
+                    model, tokens, model.ffn_hidden / t, e, lin, "", down_trained=down, act_in=act_in
+                )
+            )
         else:
             terms.update(_mlp_terms(model, tokens, model.ffn_hidden / t, er, "", down_trained=down))
     return LayerActivations(terms=terms)
@@ -866,7 +883,7 @@ def sac_recompute_transient_bytes(model: ModelSpec, recipe: Recipe, layout: Layo
     output (e·b·s·h) is never consumed and stays alive with the checkpoint until the block's
     backward is over (traced). Not with a post-MLP norm (Gemma 2), whose saved input is that output.
     """
-    none = layer_activations(model, _without_recompute(recipe), layout, layer).total_bytes
+    none = layer_activations(model, without_recompute(recipe), layout, layer).total_bytes
     kept = sac_layer_terms(model, recipe, layout, layer)
     transient = none - (sum(kept.values()) - kept["layer_input"])
     down = block_linears(model)[-1]
@@ -1122,6 +1139,10 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
                 else:
                     per_tensor = 4 * blocks
                 quant += float(per_tensor * lin.count * n_layers)
+        elif recipe.fp8_params:
+            # TE fp8_model_init: the frozen linears are their FP8 data alone (Recipe.fp8_params);
+            # embeddings, norms and the LM head stay 16-bit
+            base = BYTES_PER_ELEMENT["fp8"] * (dev.dense_linear + dev.expert_linear) + wb * dev.dense_other
         else:
             base = wb * dev.total
         frozen = base / g_dense if z >= 3 else base
@@ -1246,6 +1267,9 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             n_lin = dev.dense_linear + dev.expert_linear
             quant_per_param = quant * g_dense / n_lin if n_lin else 0.0
             block = (0.5 + quant_per_param) * layer
+        elif recipe.is_peft and recipe.fp8_params:
+            # the frozen FP8 base is gathered as FP8 (Recipe.gathered_weight_bytes); norms counted alike
+            block = BYTES_PER_ELEMENT["fp8"] * layer
         # LoRA adapters are parameters of the block too, all-gathered in the compute dtype.
         block += c * dev.largest_layer_adapters
         several = len(dev.layers) >= 2
@@ -1499,12 +1523,6 @@ class StageActivations:
         return sum(self.terms.values())
 
 
-@functools.lru_cache(maxsize=256)
-def _without_recompute(recipe: Recipe) -> Recipe:
-    """``recipe`` with ``recompute="none"``: what a recomputed layer holds while it reruns."""
-    return replace(recipe, recompute="none", recompute_every=1, recompute_modules=None)
-
-
 def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer: int) -> float:
     """Bytes that exist only inside one block's backward, at its MLP's activation-function
     gradient — the peak of a ZeRO-3 (FSDP2) block backward that the traced steps show (entries
@@ -1539,7 +1557,7 @@ def block_backward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout, layer
     f_local = model.ffn_hidden / t
     rebuilt = 0.0
     if recipe.recompute == "full":
-        full = layer_activations(model, _without_recompute(recipe), layout, layer).total_bytes
+        full = layer_activations(model, without_recompute(recipe), layout, layer).total_bytes
         rebuilt = full - block_input_bytes(model, recipe, layout)
     elif recipe.recompute == "sac":
         rebuilt = sac_recompute_transient_bytes(model, recipe, layout, layer) - block_input_bytes(
@@ -1553,7 +1571,7 @@ def block_kinds(model: ModelSpec, recipe: Recipe, layers: tuple[int, ...]) -> li
     """(representative layer, count, the recipe its blocks run under) for each kind of block
     among a stage's ``layers``: dense or MoE (:func:`trainplan.sharding.layer_kinds`), and under
     layer-selective checkpointing recomputed or not (:func:`trainplan.recipe.block_recipe`)."""
-    if recipe.recompute_every == 1:
+    if not recipe.layer_selective:
         return [(i, n, recipe) for i, n in layer_kinds(model, layers)]
     groups: dict[tuple[bool, bool], tuple[int, int, Recipe]] = {}
     for j, i in enumerate(layers):
@@ -1599,7 +1617,7 @@ def _block_backward_pair(
         a_j, b_j = at(j)
         later = b_j - freed if j == n - 2 else max(later, b_j - freed)
         freed += a_j
-        if recipe.recompute_every == 1 and model.moe is None:
+        if not recipe.layer_selective and model.moe is None:
             break  # equal blocks: the block before the last holds the most
     return first, later
 
@@ -1644,11 +1662,11 @@ def stage_activations(
         for k, v in la.terms.items():
             act_terms[k] = act_terms.get(k, 0.0) + v * inflight * n_layers
         if rb.recompute == "full":
-            full = block(_without_recompute(rb), i)
+            full = block(without_recompute(rb), i)
             largest_layer_full = max(largest_layer_full, full.total_bytes)
         elif rb.recompute == "selective" and recompute_module_set(rb) - {"core_attn"}:
             # the recomputed modules' saved tensors, rebuilt for one layer's backward
-            full = block(_without_recompute(rb), i)
+            full = block(without_recompute(rb), i)
             largest_layer_full = max(largest_layer_full, full.total_bytes - la.total_bytes)
         elif rb.recompute == "sac":
             largest_layer_full = max(largest_layer_full, sac_recompute_transient_bytes(model, rb, layout, i))

@@ -24,10 +24,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from trainplan.attention import fp8_generations
 from trainplan.bands import Band, FitVerdict, fit_verdict, memory_band, step_band
 from trainplan.cost import DEFAULT_PUE, RunCost, run_cost
 from trainplan.errors import RecipeError, TrainplanError
-from trainplan.flops import mfu_definition
+from trainplan.flops import check_fp8_layout, mfu_definition
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability, checkpoint_bytes
 from trainplan.hardware.prices import OPEN, PriceQuery
 from trainplan.hardware.system import System
@@ -49,7 +50,7 @@ from trainplan.rlhf import (
 from trainplan.rlhf_groups import actor_placement
 from trainplan.sharding import device_params
 from trainplan.terms import RLHF_TERM_KEYS, TIME_TERMS
-from trainplan.timing import Throughput, TimeBreakdown, step_time, throughput
+from trainplan.timing import GENERATION, Throughput, TimeBreakdown, step_time, throughput
 
 if TYPE_CHECKING:
     from trainplan.engines import Applied
@@ -305,6 +306,12 @@ def hardware_refusal(system: System, recipe: Recipe) -> TrainplanError | None:
             f"the Neuron SDK trains on AWS Trainium only, not on {acc.vendor}'s {acc.name}; "
             "name the stack that runs there (--stack megatron, pytorch, deepspeed or maxtext)",
         )
+    if recipe.fp8_attention and GENERATION.get(acc.name) not in fp8_generations():
+        return RecipeError(
+            "fp8_attention",
+            f"--fp8-attention is costed from cuDNN's measured FP8 / BF16 attention ratio, published for "
+            f"{', '.join(fp8_generations())} GPUs; none for {acc.name}: drop --fp8-attention",
+        )
     if recipe.method == "qlora" and acc.vendor not in QLORA_BACKENDS:
         return RecipeError(
             "method",
@@ -360,6 +367,7 @@ def estimate(
             f"{layout.num_devices} devices but the system has {system.num_devices}",
         )
     layout.check_model(model)
+    check_fp8_layout(recipe, layout)
     check_model_recipe(model, recipe)
     check_hardware(system, recipe)
     check_precision(system, recipe)

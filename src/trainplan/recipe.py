@@ -22,6 +22,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final, Literal, get_args
 
+from trainplan.dtypes import BYTES_PER_ELEMENT
 from trainplan.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -120,25 +121,40 @@ def reruns_forward_hooks(recompute: str) -> bool:
     return recompute in ("full", "sac")
 
 
+def recomputes_position(position: int, every: int = 1, first: int = 0) -> bool:
+    """Whether layer-selective checkpointing recomputes the block at 0-based ``position`` of its
+    pipeline stage: the first ``first`` blocks (``first`` > 0: Megatron-LM's block method), else
+    every ``every``-th one (positions n−1, 2n−1, …: torchtitan's ``_apply_layer_sac``)."""
+    if first:
+        return position < first
+    return (position + 1) % every == 0
+
+
 def recomputes_block(recipe: Recipe, position: int) -> bool:
     """Whether the block at 0-based ``position`` among its pipeline stage's blocks is recomputed:
-    every block under ``recompute`` other than "none", every ``recompute_every``-th one
-    (positions n−1, 2n−1, …) under layer-selective checkpointing (torchtitan ``_apply_layer_sac``
-    wraps the block when its 1-based count is a multiple of n)."""
-    return recipe.recompute != "none" and (position + 1) % recipe.recompute_every == 0
+    every block under ``recompute`` other than "none"; under layer-selective checkpointing
+    (:attr:`Recipe.layer_selective`) the blocks :func:`recomputes_position` names: every
+    ``recompute_every``-th one (torchtitan ``_apply_layer_sac`` wraps the block when its 1-based
+    count is a multiple of n), or the first ``recompute_layers`` (Megatron-LM
+    ``--recompute-method block``)."""
+    return recipe.recompute != "none" and recomputes_position(
+        position, recipe.recompute_every, recipe.recompute_layers
+    )
 
 
 def block_recipe(recipe: Recipe, position: int) -> Recipe:
     """The recipe one block runs under: ``recipe`` itself, or — a block that layer-selective
     checkpointing leaves out (:func:`recomputes_block`) — the recipe without recompute."""
-    if recipe.recompute_every == 1 or recomputes_block(recipe, position):
+    if not recipe.layer_selective or recomputes_block(recipe, position):
         return recipe
-    return _without_recompute(recipe)
+    return without_recompute(recipe)
 
 
 @functools.lru_cache(maxsize=256)
-def _without_recompute(recipe: Recipe) -> Recipe:
-    return replace(recipe, recompute="none", recompute_every=1, recompute_modules=None)
+def without_recompute(recipe: Recipe) -> Recipe:
+    """``recipe`` with ``recompute="none"``: a block layer-selective checkpointing leaves out, and
+    what a recomputed block holds while it reruns."""
+    return replace(recipe, recompute="none", recompute_every=1, recompute_layers=0, recompute_modules=None)
 
 
 def repeats_attention(recompute: str) -> bool:
@@ -270,6 +286,14 @@ class Recipe:
     blocks wrapped in the process, the block wrapped when ``count % n == 0``, so the n-th,
     2n-th, … blocks of a stage, 1-based). 1 = every block (plain full recompute). See
     :func:`recomputes_block`."""
+    recompute_layers: int = 0
+    """With ``recompute="full"``: recompute only the first N blocks of each pipeline stage, the
+    others keeping every activation — Megatron-LM's ``--recompute-granularity full
+    --recompute-method block --recompute-num-layers N`` (megatron/core/transformer/
+    transformer_block.py ``_checkpointed_forward``: under the block method, layer l of a chunk is
+    checkpointed when ``l < recompute_num_layers``; NeMo ``recompute_method: block``,
+    ``recompute_num_layers``). 0 = every block (Megatron's uniform method with one layer per
+    group, plain full recompute). The megatron stack only; see :func:`recomputes_block`."""
     torch_compile: bool = False
     """The model runs under ``torch.compile`` (inductor), which fuses each chain of elementwise
     kernels into one: the memory-bound ops cost the fused kernels' traffic. Without it, on the
@@ -347,6 +371,34 @@ class Recipe:
     ``2·S·E·C·h`` FLOPs per sequence in the forward, so quadratic in the sequence length
     (:func:`trainplan.flops.moe_einsum_flops`); it needs ``moe_capacity_factor``."""
 
+    fp8_params: bool = False
+    """Transformer Engine FP8 parameters (TE ``fp8_model_init``; Megatron-LM ``--fp8-param-gather``,
+    ``TransformerConfig.fp8_param``; NeMo ``fp8_params``): the weights of the TE linear layers are
+    created as FP8 tensors and kept only so — no 16-bit copy on the device
+    (TransformerEngine d0067d0d ``pytorch/module/base.py`` L1838-1865, ``quantization.py``
+    L901-910). A frozen weight (the LoRA base) is its FP8 data, 1 byte per parameter (the published
+    MLPerf v5.1 Llama 2 70B LoRA runs, which build the base under ``te.fp8_model_init``, fit only so);
+    a trained weight keeps its FP8 data and the transposed (Hopper) or column-wise (MXFP8) copy
+    the weight-gradient and input-gradient GEMMs read, 2 bytes, as a 16-bit weight takes
+    (``csrc/quantizer.cpp`` L361-384, L1502-1535). The parameters Megatron gathers — the
+    distributed optimizer's all-gather after the step, ZeRO-3's before each use — move 1 byte per
+    element (Megatron-LM d98e8a64 ``param_and_grad_buffer.py`` L505-527). The megatron stack with
+    ``precision="fp8"``; Megatron-LM accepts it with the distributed optimizer or an FSDP (ZeRO ≥ 1)
+    or with frozen weights."""
+    fp8_activation_store: bool = False
+    """Megatron-Core's ``activation_func_fp8_input_store`` (NeMo ``FP8_ACT``): the SwiGLU saves its
+    input, the fc1 output (2·f wide), cast to FP8 — 1 byte per element instead of 2
+    (Megatron-LM d98e8a64 ``megatron/core/fusions/fused_bias_swiglu.py`` L168-210: ``input.to(
+    torch.float8_e4m3fn)`` saved, cast back in backward; ``transformer_config.py`` L2467-2469:
+    "supported only for SwiGLU"). The megatron stack, ``precision="fp8"``, gated SiLU MLPs."""
+    fp8_attention: bool = False
+    """Transformer Engine's FP8 dot-product attention (``TransformerConfig.fp8_dot_product_attention``;
+    NeMo ``FP8_DPA=1`` with ``NVTE_FP8_DPA_BWD=1``, the default): cuDNN's fused attention runs its
+    forward and backward in FP8, at the speed-ups over the BF16 kernel that NVIDIA's cuDNN
+    benchmarks publish per pass (:mod:`trainplan.attention`), and saves q, k and v in FP8 for the
+    backward, the output in BF16 (TransformerEngine d0067d0d ``attention/dot_product_attention/
+    backends.py`` L1580-1591: current scaling and MXFP8 keep O in 16 bits). The megatron stack,
+    ``precision="fp8"``, flash attention, on an NVIDIA GPU with a published FP8 attention curve."""
     mtp_layers: int = 0
     """Multi-token prediction depth D (DeepSeek-V3, arXiv:2412.19437 Sec. 2.2; Megatron-Core
     ``--mtp-num-layers``, ``megatron/core/transformer/multi_token_prediction.py``): D modules after
@@ -487,6 +539,34 @@ class Recipe:
             or (self.recompute_every <= 0)
         ):
             raise RecipeError("recompute_every", f"must be a positive integer, got {self.recompute_every!r}")
+        if (
+            not isinstance(self.recompute_layers, int)
+            or isinstance(self.recompute_layers, bool)
+            or self.recompute_layers < 0
+        ):
+            raise RecipeError(
+                "recompute_layers", f"must be a non-negative integer, got {self.recompute_layers!r}"
+            )
+        if self.recompute_layers:
+            if self.recompute != "full":
+                raise RecipeError(
+                    "recompute_layers",
+                    f"--recompute-layers {self.recompute_layers} recomputes the first N blocks of each stage in "
+                    f"full (Megatron-LM --recompute-method block); it needs --recompute full, got {self.recompute!r}",
+                )
+            if self.recompute_every > 1:
+                raise RecipeError(
+                    "recompute_layers",
+                    "--recompute-layers (the first N blocks, Megatron-LM) and --recompute-every (every n-th, "
+                    "torchtitan) are two ways to pick the blocks; give one",
+                )
+            if self.stack != "megatron":
+                raise RecipeError(
+                    "recompute_layers",
+                    f"--recompute-layers is Megatron-LM's block method; the {self.stack} stack checkpoints "
+                    "every n-th block instead: use --recompute-every, or --stack megatron",
+                )
+        _check_fp8_options(self)
         _check_mtp_and_modules(self)
         if self.recompute_every > 1 and self.recompute != "full":
             raise RecipeError(
@@ -549,6 +629,23 @@ class Recipe:
             )
 
     @property
+    def gathered_weight_bytes(self) -> float:
+        """Bytes per element of the weights a data-parallel gather moves (ZeRO-3 before each use,
+        ZeRO-1/2 after the step): NF4 for QLoRA's frozen base, FP8 under ``fp8_params``, else the
+        weight dtype."""
+        if self.method == "qlora":
+            return BYTES_PER_ELEMENT["nf4"]
+        if self.fp8_params:
+            return BYTES_PER_ELEMENT["fp8"]
+        return BYTES_PER_ELEMENT[self.weight_dtype]
+
+    @property
+    def layer_selective(self) -> bool:
+        """Layer-selective checkpointing: some blocks of a stage recomputed, the others not
+        (``recompute_every`` > 1 or ``recompute_layers`` > 0)."""
+        return self.recompute_every > 1 or self.recompute_layers > 0
+
+    @property
     def is_peft(self) -> bool:
         return self.method in ("lora", "qlora")
 
@@ -569,6 +666,37 @@ class Recipe:
     def optimizer_state_dtype(self) -> str:
         """FP32 moments with mixed precision and fp32; the weight dtype for pure 16-bit training."""
         return "fp32" if self.precision == "fp32" or self.master_weights else self.weight_dtype
+
+
+FP8_OPTIONS: Final = ("fp8_params", "fp8_activation_store", "fp8_attention")
+"""The Transformer Engine FP8 switches of a megatron-stack FP8 recipe (:class:`Recipe`)."""
+
+
+def _check_fp8_options(recipe: Recipe) -> None:
+    """:attr:`Recipe.fp8_params`, :attr:`Recipe.fp8_activation_store`, :attr:`Recipe.fp8_attention`:
+    Transformer Engine settings of FP8 training on the megatron stack."""
+    for name in FP8_OPTIONS:
+        value = getattr(recipe, name)
+        if not isinstance(value, bool):
+            raise RecipeError(name, f"must be true or false, got {value!r}")
+        if not value:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if recipe.precision != "fp8":
+            raise RecipeError(
+                name,
+                f"{flag} is a Transformer Engine FP8 setting; it needs --precision fp8, got {recipe.precision}",
+            )
+        if recipe.stack != "megatron":
+            raise RecipeError(
+                name,
+                f"{flag} is a Transformer Engine / Megatron-Core setting; the {recipe.stack} stack does not "
+                "have it: use --stack megatron, or drop it",
+            )
+    if recipe.fp8_attention and recipe.attention != "flash":
+        raise RecipeError(
+            "fp8_attention", "--fp8-attention is the fused (flash) attention kernel; drop --attention eager"
+        )
 
 
 def _check_mtp_and_modules(recipe: Recipe) -> None:

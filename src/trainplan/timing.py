@@ -400,7 +400,8 @@ def attention_etas(
     the model's head dim, causal; ``Recipe.triton_attention``: the Triton kernel's published ratio to
     FlashAttention-2). Eager attention: the batched QKᵀ / PV GEMMs at
     :data:`EAGER_ATTENTION_EFFICIENCY_FACTOR` of the large-GEMM rate. Both are capped at the
-    activation dtype's large-GEMM fraction (a fused kernel is not faster than the GEMMs it is made of).
+    activation dtype's large-GEMM fraction (a fused kernel is not faster than the GEMMs it is made of;
+    FP8 attention, ``Recipe.fp8_attention``: the FP8 GEMMs' fraction of the FP8 peak).
     """
     act = recipe_peaks(acc, recipe, eff).activation_dtype
     cap = eff.gemm_max(act)
@@ -416,7 +417,11 @@ def attention_etas(
         recipe.seq_len,
         cp,
         kernel="triton" if recipe.triton_attention else None,
+        fp8=recipe.fp8_attention,
     )
+    if recipe.fp8_attention:
+        # FP8 attention against the BF16 peak: capped at the FP8 GEMMs' fraction of the FP8 peak
+        cap = eff.gemm_max("fp8") * acc.peak_flops_per_s("fp8") / acc.peak_flops_per_s(act)
     return dataclasses.replace(got, forward=min(got.forward, cap), backward=min(got.backward, cap))
 
 

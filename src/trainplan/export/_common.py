@@ -15,7 +15,7 @@ from trainplan.errors import TrainplanError
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Recipe
+from trainplan.recipe import FP8_OPTIONS, Recipe
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +86,28 @@ class Unsupported(TrainplanError):
 def unsupported(target: str, field: str, what: str, hint: str) -> TrainplanError:
     """The error for a plan setting a target cannot express: names the field, the target and a way out."""
     return Unsupported(target, field, what, hint)
+
+
+def check_megatron_options(recipe: Recipe, target: str) -> None:
+    """Refuse the Megatron-Core / Transformer Engine settings a PyTorch-engine target has no place
+    for: the block recompute (``Recipe.recompute_layers``) and the FP8 switches
+    (``Recipe.fp8_params``, ``fp8_activation_store``, ``fp8_attention``)."""
+    if recipe.recompute_layers:
+        raise unsupported(
+            target,
+            "recompute_layers",
+            f"recomputing the first {recipe.recompute_layers} blocks of each stage (Megatron-LM's block method)",
+            "export to megatron or nemo, or plan with plain --recompute full",
+        )
+    for name in FP8_OPTIONS:
+        if getattr(recipe, name):
+            flag = "--" + name.replace("_", "-")
+            raise unsupported(
+                target,
+                name,
+                f"Transformer Engine's {flag} (a Megatron-Core / TE setting)",
+                f"export to megatron, or drop {flag}",
+            )
 
 
 def shell_command(argv: Sequence[str], breaks_before: Callable[[str], bool]) -> str:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from trainplan.export._common import PlanFacts, plan_facts, unsupported
+from trainplan.export._common import PlanFacts, check_megatron_options, plan_facts, unsupported
 from trainplan.export._text import to_yaml
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
@@ -79,6 +79,7 @@ def build_config(
 ) -> tuple[dict[str, object], PlanFacts, tuple[str, ...]]:
     facts = plan_facts(system, model, recipe, layout)
     warnings: list[str] = []
+    check_megatron_options(recipe, TARGET)
     if recipe.recompute_every > 1:
         raise unsupported(
             TARGET,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from trainplan.export._common import PlanFacts, plan_facts, unsupported
+from trainplan.export._common import PlanFacts, check_megatron_options, plan_facts, unsupported
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
@@ -48,6 +48,7 @@ def build_config(
 ) -> tuple[dict[str, object], PlanFacts, tuple[str, ...]]:
     facts = plan_facts(system, model, recipe, layout)
     warnings: list[str] = []
+    check_megatron_options(recipe, TARGET)
     if recipe.recompute_every > 1:
         raise unsupported(
             TARGET,

@@ -24,7 +24,8 @@ tests/test_export_megatron.py pins the set and parses the list back):
 * batch and length: ``--micro-batch-size``, ``--global-batch-size``, ``--seq-length``,
   ``--max-position-embeddings``, ``--train-iters`` and ``--lr-decay-iters`` from ``--tokens``;
 * recipe: ``--bf16`` / ``--fp16``, ``--fp8-format hybrid``, ``--fp4-format e2m1``,
-  ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` or
+  ``--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`` (``block``
+  and N under ``--recompute-layers N``) or
   ``--recompute-granularity selective`` (``--recompute-modules``), ``--mtp-num-layers``,
   ``--attention-backend flash`` / ``unfused``,
   ``--attention-dropout`` and ``--hidden-dropout`` (Megatron's default is 0.1: always written),
@@ -80,6 +81,16 @@ def _check_recipe(recipe: Recipe, target: str = TARGET) -> None:
             "first N layers of each stage, uniform every layer)",
             "export to torchtitan (selective_ac_option), or plan with --recompute-every 1",
         )
+    for name in ("fp8_activation_store", "fp8_attention"):
+        if getattr(recipe, name):
+            flag = "--" + name.replace("_", "-")
+            raise unsupported(
+                target,
+                name,
+                f"{flag} (TransformerConfig.{'activation_func_fp8_input_store' if name == 'fp8_activation_store' else 'fp8_dot_product_attention'} "
+                "has no pretrain_gpt.py argument: megatron/training/arguments.py lists it among the fields without one)",
+                f"set it in a YAML config by hand, or drop {flag}",
+            )
     if recipe.recompute_early_stop and recipe.recompute == "full":
         raise unsupported(
             target,
@@ -298,16 +309,20 @@ def _recipe_args(recipe: Recipe, target: str = TARGET) -> list[str]:
         args.append("--fp16")
     elif recipe.precision == "fp8":
         args += ["--bf16", "--fp8-format", "hybrid"]
+        if recipe.fp8_params:
+            args.append("--fp8-param-gather")
     elif recipe.precision == "fp4":
         args += ["--bf16", "--fp4-format", "e2m1"]
     if recipe.recompute == "full":
+        # block: the first N layers of each stage (Recipe.recompute_layers); uniform 1: every layer
+        method, layers = ("block", recipe.recompute_layers) if recipe.recompute_layers else ("uniform", 1)
         args += [
             "--recompute-granularity",
             "full",
             "--recompute-method",
-            "uniform",
+            method,
             "--recompute-num-layers",
-            "1",
+            str(layers),
         ]
     elif recipe.recompute == "selective":
         args += ["--recompute-granularity", "selective"]

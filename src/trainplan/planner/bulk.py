@@ -1077,6 +1077,7 @@ class BulkEvaluator:
         r_of_core, r_first = keyed((5, 6, 7, 8))
         r_recipes = [cores[c].recipe(self.base) for c in r_first]
         self._c_e = np.array([float(BYTES_PER_ELEMENT[r.weight_dtype]) for r in r_recipes])[r_of_core]
+        self._c_gathered = np.array([r.gathered_weight_bytes for r in r_recipes])[r_of_core]
         self._c_fp32_main = np.array([fp32_main_grad(r.weight_dtype) for r in r_recipes])[r_of_core]
         self._c_update = np.array([optimizer_update_bytes(1.0, r) for r in r_recipes])[r_of_core]
         # What a resumable checkpoint holds (goodput.checkpoint_bytes; predict.estimate's figure).
@@ -1583,7 +1584,7 @@ class BulkEvaluator:
                 skipped_reductions=self._c_tp_skips[core],
                 virtual_stages=ci["virtual_stages"][core],
                 weight_bytes=e,
-                stored_weight_bytes=BYTES_PER_ELEMENT["nf4"] if self.base.method == "qlora" else e,
+                stored_weight_bytes=self._c_gathered[core],
                 dense_params=self._dense,
                 expert_params=self._expert,
                 trainable_dense_params=self._c_tdense[core],

@@ -96,6 +96,13 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
             "sac); size layer-selective checkpointing with `trainplan estimate --recompute full "
             f"--recompute-every {values['recompute_every']}`",
         )
+    if values.get("recompute_layers"):
+        raise TrainplanError(
+            "recompute_layers",
+            "plan and compare search recompute modes that apply to every block (none, selective, full, "
+            "sac); size Megatron's block recompute with `trainplan estimate --recompute full "
+            f"--recompute-layers {values['recompute_layers']}`",
+        )
     recipe = build_recipe(fill_defaults(values, RECIPE_FIELDS))
     if values["precision"] is not None:
         precisions: tuple[str, ...] = (values["precision"],)

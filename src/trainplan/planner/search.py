@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
-from trainplan.flops import check_mla_layout, check_moe_routing, check_moe_tp
+from trainplan.flops import check_mla_layout, check_moe_routing, check_moe_tp, fp8_params_needs_sharding
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.hardware.accelerator import Accelerator, CloudOffering
 from trainplan.hardware.prices import (
@@ -1045,6 +1045,11 @@ def plan(
     acc_prices = [p.usd_per_device_hour for p in acc_price_info]
     unpriced = tuple(a.name for a, p in zip(accs, acc_prices, strict=True) if p is None)
     notes += _price_notes(accs, acc_price_info, price_query)
+    if fp8_params_needs_sharding(base) and 0 in space.zero_stages:
+        space = replace(space, zero_stages=tuple(z for z in space.zero_stages if z > 0) or (1,))
+        notes.append(
+            "ZeRO 0 left out: Megatron-LM keeps trained FP8 weights (--fp8-params) only with ZeRO 1 or more"
+        )
     max_domain = max(a.scale_up.domain_size for a in accs)
     cores, invalid_cores = enumerate_cores(model, base, space, max_domain)
     pruned: dict[str, int] = {}

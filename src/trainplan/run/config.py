@@ -130,6 +130,12 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
             "recompute_every",
             "run checkpoints every block or none: use --recompute-every 1 (size every n-th block with estimate)",
         )
+    if recipe.recompute_layers:
+        raise RecipeError(
+            "recompute_layers",
+            "run checkpoints every block or none (PyTorch checkpoint per block), not Megatron-LM's first N: "
+            "drop --recompute-layers (size the block method with estimate)",
+        )
     if recipe.recompute == "sac":
         check_sac(model, layout)
     if recipe.attention != "flash":

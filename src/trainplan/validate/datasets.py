@@ -119,10 +119,14 @@ RECIPE_SWITCHES: Final = (
     "recompute_early_stop",
     "pp_split_embedding",
     "pp_split_head",
+    "fp8_params",
+    "fp8_activation_store",
+    "fp8_attention",
 )
 RECIPE_SETTINGS: Final = (
     "etp",
     "mtp_layers",
+    "recompute_layers",
     "recompute_modules",
     "loss_chunks",
     "lora_rank",
@@ -167,6 +171,11 @@ class RecipeFlags:
                                → ``Layout.pp_split_embedding``
         pp_split_head          the LM head and loss take one layer's place in the pipeline split
                                (``account_for_loss_in_pipeline_split``) → ``Layout.pp_split_head``
+        fp8_params             Transformer Engine FP8 weights (``fp8_model_init``, Megatron
+                               ``fp8_param_gather``) → ``Recipe.fp8_params``
+        fp8_activation_store   the SwiGLU input saved in FP8 (``activation_func_fp8_input_store``)
+                               → ``Recipe.fp8_activation_store``
+        fp8_attention          FP8 fused attention (``fp8_dot_product_attention``) → ``Recipe.fp8_attention``
         grad_accumulation=G    how the run summed its micro-batches' gradients: fused, autograd
                                or main_grad → ``Layout.grad_accumulation``
         moe_capacity_factor=F  token-dropping MoE on capacity-padded expert buffers (MaxText
@@ -177,6 +186,8 @@ class RecipeFlags:
                                ``expert_tensor_parallel_size``; 1: parallel folding) → ``Layout.etp``
         mtp_layers=D           multi-token prediction modules (Megatron-Core ``mtp_num_layers``)
                                → ``Recipe.mtp_layers``
+        recompute_layers=N     Megatron-LM's block recompute of the first N layers of each stage
+                               (``recompute_method: block``) → ``Recipe.recompute_layers``
         recompute_modules=a+b  Megatron-Core's selective recompute modules, ``+``-separated, or
                                ``none`` for an empty list → ``Recipe.recompute_modules``
 
@@ -196,6 +207,9 @@ class RecipeFlags:
     recompute_early_stop: bool = False
     pp_split_embedding: bool = False
     pp_split_head: bool = False
+    fp8_params: bool = False
+    fp8_activation_store: bool = False
+    fp8_attention: bool = False
     grad_accumulation: str | None = None  # None: not stated (trainplan's default, "fused")
     loss_chunks: int | None = None  # None: not stated (one cross-entropy over all tokens)
     lora_rank: int | None = None
@@ -204,6 +218,7 @@ class RecipeFlags:
     moe_capacity_factor: float | None = None  # None: not stated (dropless)
     moe_dispatch: str | None = None  # None: not stated (gather)
     mtp_layers: int = 0
+    recompute_layers: int = 0
     etp: int | None = None  # None: not stated (Megatron's default, tp)
     recompute_modules: tuple[str, ...] | None = None  # None: not stated (Megatron's default, core_attn)
 
@@ -705,6 +720,9 @@ class _Cells:
             recompute_early_stop="recompute_early_stop" in switches,
             pp_split_embedding="pp_split_embedding" in switches,
             pp_split_head="pp_split_head" in switches,
+            fp8_params="fp8_params" in switches,
+            fp8_activation_store="fp8_activation_store" in switches,
+            fp8_attention="fp8_attention" in switches,
             loss_chunks=positive_int("loss_chunks"),
             lora_rank=positive_int("lora_rank"),
             lora_alpha=alpha,
@@ -712,6 +730,7 @@ class _Cells:
             moe_capacity_factor=capacity,
             moe_dispatch=dispatch,
             mtp_layers=positive_int("mtp_layers") or 0,
+            recompute_layers=positive_int("recompute_layers") or 0,
             etp=positive_int("etp"),
             recompute_modules=(
                 tuple(m.strip() for m in settings["recompute_modules"].split("+"))

@@ -231,6 +231,10 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         moe_capacity_factor=flags.moe_capacity_factor,
         moe_dispatch=(flags.moe_dispatch or "gather"),  # type: ignore[arg-type]
         mtp_layers=flags.mtp_layers,
+        recompute_layers=flags.recompute_layers,
+        fp8_params=flags.fp8_params,
+        fp8_activation_store=flags.fp8_activation_store,
+        fp8_attention=flags.fp8_attention,
         recompute_modules=flags.recompute_modules,
         stack=REGISTRY[row.dataset].stack,  # type: ignore[arg-type]
     )
