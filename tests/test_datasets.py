@@ -523,6 +523,7 @@ def test_recipe_columns_default_where_absent() -> None:
                 triton_attention=f.triton_attention,
                 etp=f.etp,  # Megatron Bridge's expert tensor-parallel size where it is not tp
                 fp8_attention=f.fp8_attention,  # Megatron Bridge's fp8_dot_product_attention runs
+                fused_cross_entropy=f.fused_cross_entropy,  # llm-foundry's default loss
             )
             assert r.optimizer is None and r.offload is None and f == only_comm, r.name
             if name == "torchtitan_llama3":

@@ -162,3 +162,27 @@ def test_plan_applies_the_switches_and_skips_what_has_no_ratio(capsys: pytest.Ca
     assert main([*args, "--precision", "fp8", "--fp8-attention", "--fp8-params"]) == 0
     out = capsys.readouterr().out
     assert "mi300x" in out and "published for hopper, blackwell" in out
+
+
+def test_fused_cross_entropy_keeps_the_16bit_logits_and_no_fp32_softmax() -> None:
+    """flash-attn's CrossEntropyLoss (llm-foundry's default loss): saved logits at 2 bytes, an FP32
+    log-sum-exp and int64 labels per token, a 16-bit gradient in the backward; no loss-forward
+    transient; forward traffic T·V·e, backward 2·T·V·e."""
+    from trainplan.flops import logits_memory_bytes
+    from trainplan.memory import logits_bytes, loss_forward_bytes
+
+    model = load_model("llama-3.2-1b")
+    base = Recipe(stack="pytorch", seq_len=2048, micro_batch=4)
+    fused = replace(base, fused_cross_entropy=True)
+    layout = Layout()
+    tokens, v = 4 * 2048, model.vocab_size
+    (s0, t0), (s1, t1) = logits_bytes(model, base, layout), logits_bytes(model, fused, layout)
+    assert s0 - s1 == pytest.approx(4.0 * tokens * v - 2.0 * tokens * v - 4.0 * tokens)
+    assert t1 == pytest.approx(2.0 * tokens * v) and t0 == pytest.approx(8.0 * tokens * v)
+    assert loss_forward_bytes(model, fused, layout) == 0.0
+    assert logits_memory_bytes(model, 4, 2048, fused=True) == pytest.approx(2.0 * tokens * v)
+    assert logits_memory_bytes(model, 4, 2048, fused=True, backward=True) == pytest.approx(4.0 * tokens * v)
+    with pytest.raises(TrainplanError, match="--stack pytorch"):
+        Recipe(fused_cross_entropy=True)
+    with pytest.raises(TrainplanError, match="--tp 1"):
+        memory_breakdown(model, replace(fused, global_batch=8), Layout(tp=2, dp=2))

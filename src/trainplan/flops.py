@@ -230,6 +230,12 @@ def check_modelled(spec: ModelSpec, recipe: Recipe, layout: Layout | None) -> No
     check_mla_layout(spec, recipe, whole)
     check_moe_tp(spec, recipe, whole)
     check_fp8_options(spec, recipe)
+    if recipe.fused_cross_entropy and whole.tp > 1:
+        raise LayoutError(
+            "fused_cross_entropy",
+            f"--fused-cross-entropy with tp={whole.tp}: the vocabulary-parallel form of the fused kernel is not "
+            "modelled; use --tp 1, or drop --fused-cross-entropy",
+        )
 
 
 def check_fp8_options(spec: ModelSpec, recipe: Recipe) -> None:
@@ -716,13 +722,25 @@ def embedding_memory_bytes(spec: ModelSpec, b: float, s: float, *, dtype_bytes: 
     return 2.0 * b * s * spec.embed_width * dtype_bytes
 
 
-def logits_memory_bytes(spec: ModelSpec, b: float, s: float, *, dtype_bytes: float = 2.0) -> float:
+def logits_memory_bytes(
+    spec: ModelSpec,
+    b: float,
+    s: float,
+    *,
+    dtype_bytes: float = 2.0,
+    fused: bool = False,
+    backward: bool = False,
+) -> float:
     """Cross-entropy over the logits, one direction: read T·V logits (e bytes), write T·V FP32.
 
     Forward reads the logits and writes FP32 probabilities (or their log-sum-exp); backward reads
     those and writes the logit gradient. Both directions move ``T·V·(e + 4)`` bytes (assumption:
-    an unfused FP32 cross-entropy, the PyTorch default; fused kernels move less).
+    an unfused FP32 cross-entropy, the PyTorch default). ``fused`` (``Recipe.fused_cross_entropy``,
+    flash-attn's kernel): the forward reads the logits once (``T·V·e``; the per-token loss and
+    log-sum-exp are T values), the backward reads them and writes their gradient (``2·T·V·e``).
     """
+    if fused:
+        return (2.0 if backward else 1.0) * b * s * spec.vocab_size * dtype_bytes
     return b * s * spec.vocab_size * (dtype_bytes + _FP32_BYTES)
 
 
@@ -1221,16 +1239,19 @@ def _head_passes(
     e = BYTES_PER_ELEMENT[recipe.weight_dtype]
     tpcp = split.sharded
     logits = logits_forward_flops(spec, b, s) / tpcp
-    ce = logits_memory_bytes(spec, b, s, dtype_bytes=e) / tpcp
+    fused = recipe.fused_cross_entropy
+    ce = logits_memory_bytes(spec, b, s, dtype_bytes=e, fused=fused) / tpcp
+    ce_b = logits_memory_bytes(spec, b, s, dtype_bytes=e, fused=fused, backward=True) / tpcp
     eh = 0.0
     if recipe.mtp_layers:
         heads = 1.0 + recipe.mtp_layers
-        logits, ce = heads * logits, heads * ce + recipe.mtp_layers * _embedding_bytes(spec, recipe, b, split)
+        extra = recipe.mtp_layers * _embedding_bytes(spec, recipe, b, split)
+        logits, ce, ce_b = heads * logits, heads * ce + extra, heads * ce_b + extra
         eh = mtp_head_flops(spec, recipe, b) / tpcp
     bwd_factor = 1.0 if recipe.is_peft else 2.0  # PEFT: the LM head is frozen
     forward = PassCost(gemm_flops=logits + eh, memory_bytes=ce, hp_gemm_flops=logits)
     backward = PassCost(
-        gemm_flops=bwd_factor * (logits + eh), memory_bytes=ce, hp_gemm_flops=bwd_factor * logits
+        gemm_flops=bwd_factor * (logits + eh), memory_bytes=ce_b, hp_gemm_flops=bwd_factor * logits
     )
     return forward, backward, (1.0 + bwd_factor) * (logits + eh)
 

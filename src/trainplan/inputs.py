@@ -573,6 +573,12 @@ RECIPE_FIELDS: Final = (
         "(4.50 and later make no copy)",
     ),
     _switch(
+        "fused_cross_entropy",
+        "recipe",
+        "cross-entropy by a fused kernel on the 16-bit logits (flash-attn's CrossEntropyLoss, llm-foundry's "
+        "loss_fn: fused_crossentropy): no FP32 log-softmax (pytorch stack, --tp 1)",
+    ),
+    _switch(
         "fp8_params",
         "recipe",
         "Transformer Engine FP8 weights (te.fp8_model_init; Megatron-LM --fp8-param-gather, NeMo fp8_params): "
@@ -582,13 +588,13 @@ RECIPE_FIELDS: Final = (
         "fp8_activation_store",
         "recipe",
         "Megatron-Core activation_func_fp8_input_store: the SwiGLU saves its input in FP8 (megatron stack, "
-        "--precision fp8)",
+        "--precision fp8 or fp4)",
     ),
     _switch(
         "fp8_attention",
         "recipe",
         "Transformer Engine FP8 dot-product attention (cuDNN FP8 forward and backward, at the FP8 / BF16 "
-        "ratios NVIDIA's cuDNN benchmarks measure; q, k, v saved in FP8) (megatron stack, --precision fp8)",
+        "ratios NVIDIA's cuDNN benchmarks measure; q, k, v saved in FP8) (megatron stack, --precision fp8 or fp4)",
     ),
     _switch(
         "triton_attention",
@@ -924,7 +930,10 @@ def build_rlhf(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> 
     from trainplan.rlhf import RLHFSpec, is_rlhf, seq_lengths
     from trainplan.rlhf_groups import DEDICATED_ENGINE_MEM_FRACTION, parse_groups
 
-    given = [f.name for f in RLHF_FIELDS if values.get(f.name) not in (None, False)]
+    # a field is given unless it is absent or an unset switch (0 is a value: --critic-zero 0)
+    given = [
+        f.name for f in RLHF_FIELDS if values.get(f.name) is not None and values.get(f.name) is not False
+    ]
     method = recipe.method
     if not is_rlhf(method):
         if given:
@@ -984,7 +993,13 @@ def build_reliability(values: Mapping[str, Any]) -> Reliability | None:
 
     The goodput fields shape the time-to-train alone: without ``--tokens`` they are refused."""
     if "tokens" in values and values["tokens"] is None:
-        given_any = [f.name for f in GOODPUT_FIELDS if values.get(f.name) not in (None, False, f.default)]
+        given_any = [
+            f.name
+            for f in GOODPUT_FIELDS
+            if (v := values.get(f.name)) is not None
+            and v is not False
+            and not (v == f.default and type(v) is type(f.default))
+        ]
         if given_any:
             raise TrainplanError(
                 given_any[0],
@@ -1522,6 +1537,7 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         and (method == "qlora" or "kbit_fp32_upcast" in applied.explicit),
         logits_shift_copy=bool(values.get("logits_shift_copy", False)),
         triton_attention=bool(values.get("triton_attention", False)),
+        fused_cross_entropy=bool(values.get("fused_cross_entropy", False)),
         fp8_params=bool(values.get("fp8_params", False)),
         fp8_activation_store=bool(values.get("fp8_activation_store", False)),
         fp8_attention=bool(values.get("fp8_attention", False)),

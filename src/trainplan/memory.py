@@ -1028,6 +1028,12 @@ def logits_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> tuple[floa
     if recipe.loss_chunks > 1:
         saved = head_inputs + stats + e * tokens * v_local + 4.0 * tokens
         return saved, 4.0 * tokens * v_local / recipe.loss_chunks
+    if recipe.fused_cross_entropy:
+        # flash-attn's fused cross-entropy (Recipe.fused_cross_entropy): it saves the 16-bit
+        # logits, the FP32 log-sum-exp and the int64 labels; its backward writes one 16-bit
+        # logit gradient
+        saved = head_inputs + stats + e * tokens * v_local + 4.0 * tokens + 8.0 * tokens
+        return saved, e * tokens * v_local
     # Eager cross-entropy on the FP32 logits: log_softmax saves its FP32 output; the 16-bit logits
     # and their FP32 copy are forward transients. The backward starts with two FP32 b·s·V/t
     # tensors alive at once (nll_loss's gradient, then log_softmax's), as traced.
@@ -1399,12 +1405,14 @@ def loss_forward_bytes(model: ModelSpec, recipe: Recipe, layout: Layout) -> floa
     micro-batch on the last stage.
 
     Default: :data:`LOSS_FORWARD_FRACTION` of the loss-backward transient — the 16-bit logits
-    and their FP32 upcast (6·b·s·V/t, traced). Under ``recipe.logits_shift_copy`` (Hugging Face
+    and their FP32 upcast (6·b·s·V/t, traced); none under ``recipe.fused_cross_entropy``. Under ``recipe.logits_shift_copy`` (Hugging Face
     transformers 4.46-4.49 ``ForCausalLMLoss``: ``logits.float()`` then
     ``logits[..., :-1, :].contiguous()``) the FP32 copy of the shifted logits is alive with
     them: (e + 4 + 4)·b·s·V/t, e the 16-bit logits' bytes — 10·b·s·V/t in BF16, above the
     8·b·s·V/t of the loss backward, so the loss forward becomes the peak moment."""
     _, transient = logits_bytes(model, recipe, layout)
+    if recipe.fused_cross_entropy:
+        return 0.0  # the kernel reads the saved logits and writes one loss per token
     if not recipe.logits_shift_copy:
         return LOSS_FORWARD_FRACTION * transient
     tokens = recipe.micro_batch * (recipe.seq_len // layout.cp)

@@ -371,6 +371,15 @@ class Recipe:
     ``2·S·E·C·h`` FLOPs per sequence in the forward, so quadratic in the sequence length
     (:func:`trainplan.flops.moe_einsum_flops`); it needs ``moe_capacity_factor``."""
 
+    fused_cross_entropy: bool = False
+    """Cross-entropy by a fused kernel on the 16-bit logits — flash-attn's ``CrossEntropyLoss``
+    (flash_attn/losses/cross_entropy.py, ``inplace_backward=False``), which llm-foundry's MPT runs
+    by default (``loss_fn: fused_crossentropy``, llmfoundry/models/mpt/modeling_mpt.py at 5e85bd62
+    L981-987): it computes the loss and the FP32 log-sum-exp per token in one pass and saves the
+    logits, the log-sum-exp and the labels; its backward writes the logit gradient in the logits'
+    dtype. No FP32 log-softmax exists (:func:`trainplan.memory.logits_bytes`,
+    :func:`trainplan.flops.logits_memory_bytes`). The pytorch stack, one cross-entropy over all
+    tokens, without tensor parallelism (the vocabulary-parallel form is not modelled)."""
     fp8_params: bool = False
     """Transformer Engine FP8 parameters (TE ``fp8_model_init``; Megatron-LM ``--fp8-param-gather``,
     ``TransformerConfig.fp8_param``; NeMo ``fp8_params``): the weights of the TE linear layers are
@@ -390,7 +399,8 @@ class Recipe:
     input, the fc1 output (2·f wide), cast to FP8 — 1 byte per element instead of 2
     (Megatron-LM d98e8a64 ``megatron/core/fusions/fused_bias_swiglu.py`` L168-210: ``input.to(
     torch.float8_e4m3fn)`` saved, cast back in backward; ``transformer_config.py`` L2467-2469:
-    "supported only for SwiGLU"). The megatron stack, ``precision="fp8"``, gated SiLU MLPs."""
+    "supported only for SwiGLU"). The megatron stack, ``precision`` fp8 or fp4 (NVIDIA's NVFP4
+    recipes set it too), gated SiLU MLPs."""
     fp8_attention: bool = False
     """Transformer Engine's FP8 dot-product attention (``TransformerConfig.fp8_dot_product_attention``;
     NeMo ``FP8_DPA=1`` with ``NVTE_FP8_DPA_BWD=1``, the default): cuDNN's fused attention runs its
@@ -398,7 +408,9 @@ class Recipe:
     benchmarks publish per pass (:mod:`trainplan.attention`), and saves q, k and v in FP8 for the
     backward, the output in BF16 (TransformerEngine d0067d0d ``attention/dot_product_attention/
     backends.py`` L1580-1591: current scaling and MXFP8 keep O in 16 bits). The megatron stack,
-    ``precision="fp8"``, flash attention, on an NVIDIA GPU with a published FP8 attention curve."""
+    ``precision`` fp8 or fp4 (NVIDIA's NVFP4 recipes run attention in FP8: MLPerf v5.1
+    ``config_common_fp4.sh``), flash attention, on an NVIDIA GPU with a published FP8 attention
+    curve."""
     mtp_layers: int = 0
     """Multi-token prediction depth D (DeepSeek-V3, arXiv:2412.19437 Sec. 2.2; Megatron-Core
     ``--mtp-num-layers``, ``megatron/core/transformer/multi_token_prediction.py``): D modules after
@@ -521,6 +533,22 @@ class Recipe:
                 f"the FP32 residual stream is modelled for --recompute none or full (what the Hugging Face "
                 f"Trainer runs), not {self.recompute!r}",
             )
+        if not isinstance(self.fused_cross_entropy, bool):
+            raise RecipeError(
+                "fused_cross_entropy", f"must be true or false, got {self.fused_cross_entropy!r}"
+            )
+        if self.fused_cross_entropy:
+            if self.stack != "pytorch":
+                raise RecipeError(
+                    "fused_cross_entropy",
+                    f"--fused-cross-entropy is flash-attn's CrossEntropyLoss on a PyTorch model (llm-foundry); the "
+                    f"{self.stack} stack's loss is its own: use --stack pytorch, or drop it",
+                )
+            if self.loss_chunks > 1 or self.logits_shift_copy:
+                raise RecipeError(
+                    "fused_cross_entropy",
+                    "--fused-cross-entropy is one fused kernel over all tokens; drop --loss-chunks / --logits-shift-copy",
+                )
         if self.logits_shift_copy and self.loss_chunks > 1:
             raise RecipeError(
                 "logits_shift_copy",
@@ -682,10 +710,13 @@ def _check_fp8_options(recipe: Recipe) -> None:
         if not value:
             continue
         flag = "--" + name.replace("_", "-")
-        if recipe.precision != "fp8":
+        # NVFP4 recipes keep attention and the SwiGLU store in FP8 (their weights are not FP8)
+        allowed = ("fp8",) if name == "fp8_params" else ("fp8", "fp4")
+        if recipe.precision not in allowed:
             raise RecipeError(
                 name,
-                f"{flag} is a Transformer Engine FP8 setting; it needs --precision fp8, got {recipe.precision}",
+                f"{flag} is a Transformer Engine FP8 setting; it needs --precision {' or '.join(allowed)}, "
+                f"got {recipe.precision}",
             )
         if recipe.stack != "megatron":
             raise RecipeError(

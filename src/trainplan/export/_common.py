@@ -110,6 +110,24 @@ def check_megatron_options(recipe: Recipe, target: str) -> None:
             )
 
 
+def check_loss(recipe: Recipe, target: str) -> None:
+    """Refuse flash-attn's fused cross-entropy (``Recipe.fused_cross_entropy``) on a target that
+    writes the trainer's own loss (torchtitan's and Megatron's cross-entropy are not it)."""
+    if recipe.fused_cross_entropy:
+        raise unsupported(
+            target,
+            "fused_cross_entropy",
+            "flash-attn's fused cross-entropy (the trainer computes its own loss)",
+            "export to deepspeed or accelerate (the model's own loss), or drop --fused-cross-entropy",
+        )
+
+
+FUSED_LOSS_WARNING = (
+    "--fused-cross-entropy: the estimate assumes the model's loss is flash-attn's fused CrossEntropyLoss; "
+    "this config does not set the loss, the model code does"
+)
+
+
 def shell_command(argv: Sequence[str], breaks_before: Callable[[str], bool]) -> str:
     """``argv`` as one shell command over several lines: words quoted (``$MASTER_ADDR…`` left to
     the shell), a new line before each word ``breaks_before`` picks, joined by ``\\``."""

@@ -37,7 +37,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from trainplan.export._common import PlanFacts, check_megatron_options, plan_facts, unsupported
+from trainplan.export._common import (
+    FUSED_LOSS_WARNING,
+    PlanFacts,
+    check_megatron_options,
+    plan_facts,
+    unsupported,
+)
 from trainplan.export._text import to_yaml
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
@@ -80,6 +86,8 @@ def build_config(
     facts = plan_facts(system, model, recipe, layout)
     warnings: list[str] = []
     check_megatron_options(recipe, TARGET)
+    if recipe.fused_cross_entropy:
+        warnings.append(FUSED_LOSS_WARNING)
     if recipe.recompute_every > 1:
         raise unsupported(
             TARGET,

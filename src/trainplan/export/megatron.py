@@ -40,7 +40,7 @@ import math
 from typing import Final
 
 from trainplan.errors import TrainplanError
-from trainplan.export._common import PlanFacts, plan_facts, shell_command, unsupported
+from trainplan.export._common import PlanFacts, check_loss, plan_facts, shell_command, unsupported
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
@@ -81,6 +81,7 @@ def _check_recipe(recipe: Recipe, target: str = TARGET) -> None:
             "first N layers of each stage, uniform every layer)",
             "export to torchtitan (selective_ac_option), or plan with --recompute-every 1",
         )
+    check_loss(recipe, target)
     for name in ("fp8_activation_store", "fp8_attention"):
         if getattr(recipe, name):
             flag = "--" + name.replace("_", "-")

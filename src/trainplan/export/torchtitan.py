@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from trainplan.errors import TrainplanError
-from trainplan.export._common import PlanFacts, check_megatron_options, plan_facts, unsupported
+from trainplan.export._common import PlanFacts, check_loss, check_megatron_options, plan_facts, unsupported
 from trainplan.export._text import to_toml
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
@@ -699,6 +699,7 @@ def build_config(
         # _apply_full_ac and _apply_op_sac both pass it to torch.utils.checkpoint
         config["activation_checkpoint"]["early_stop"] = recipe.recompute_early_stop
     check_megatron_options(recipe, TARGET)
+    check_loss(recipe, TARGET)
     if recipe.recompute_every > 1:
         # torchtitan/distributed/activation_checkpoint.py::_apply_layer_sac: every n-th block
         config["activation_checkpoint"]["mode"] = "selective"

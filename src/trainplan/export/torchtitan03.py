@@ -47,7 +47,7 @@ from typing import Any, Final
 from trainplan.data_files import data_text
 from trainplan.errors import TrainplanError
 from trainplan.export import torchtitan as tt
-from trainplan.export._common import PlanFacts, check_megatron_options, plan_facts, unsupported
+from trainplan.export._common import PlanFacts, check_loss, check_megatron_options, plan_facts, unsupported
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
@@ -173,6 +173,7 @@ def _check(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
             "plan with --no-recompute-early-stop (the torchtitan engine's default)",
         )
     check_megatron_options(recipe, TARGET)
+    check_loss(recipe, TARGET)
     if recipe.recompute_every > 1:
         raise unsupported(
             TARGET,

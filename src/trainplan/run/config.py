@@ -148,6 +148,10 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise RecipeError("dropout", "the reference models have no dropout; use --dropout 0")
     if recipe.loss_chunks != 1:
         raise RecipeError("loss_chunks", "run computes the loss in one piece; drop --loss-chunks")
+    if recipe.fused_cross_entropy:
+        raise RecipeError(
+            "fused_cross_entropy", "run computes PyTorch's cross-entropy; drop --fused-cross-entropy"
+        )
     if recipe.optimizer_in_backward:
         raise RecipeError("optimizer_in_backward", "run steps the optimizer after the backward")
     if recipe.paged_optimizer:

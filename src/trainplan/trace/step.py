@@ -468,6 +468,10 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise UnsupportedConfig(
             "multi-head latent attention is not traced (the reference blocks build q, k, v, o projections)"
         )
+    if recipe.fused_cross_entropy:
+        raise UnsupportedConfig(
+            "flash-attn's fused cross-entropy is not traced (the reference loss is PyTorch's)"
+        )
     if layout.pp > 1:
         raise UnsupportedConfig("pipeline parallelism is not traced (fake-PG P2P schedules need real ranks)")
     if layout.cp > 1:

@@ -122,6 +122,7 @@ RECIPE_SWITCHES: Final = (
     "fp8_params",
     "fp8_activation_store",
     "fp8_attention",
+    "fused_cross_entropy",
 )
 RECIPE_SETTINGS: Final = (
     "etp",
@@ -176,6 +177,8 @@ class RecipeFlags:
         fp8_activation_store   the SwiGLU input saved in FP8 (``activation_func_fp8_input_store``)
                                → ``Recipe.fp8_activation_store``
         fp8_attention          FP8 fused attention (``fp8_dot_product_attention``) → ``Recipe.fp8_attention``
+        fused_cross_entropy    flash-attn's fused cross-entropy (llm-foundry ``loss_fn:
+                               fused_crossentropy``) → ``Recipe.fused_cross_entropy``
         grad_accumulation=G    how the run summed its micro-batches' gradients: fused, autograd
                                or main_grad → ``Layout.grad_accumulation``
         moe_capacity_factor=F  token-dropping MoE on capacity-padded expert buffers (MaxText
@@ -210,6 +213,7 @@ class RecipeFlags:
     fp8_params: bool = False
     fp8_activation_store: bool = False
     fp8_attention: bool = False
+    fused_cross_entropy: bool = False
     grad_accumulation: str | None = None  # None: not stated (trainplan's default, "fused")
     loss_chunks: int | None = None  # None: not stated (one cross-entropy over all tokens)
     lora_rank: int | None = None
@@ -723,6 +727,7 @@ class _Cells:
             fp8_params="fp8_params" in switches,
             fp8_activation_store="fp8_activation_store" in switches,
             fp8_attention="fp8_attention" in switches,
+            fused_cross_entropy="fused_cross_entropy" in switches,
             loss_chunks=positive_int("loss_chunks"),
             lora_rank=positive_int("lora_rank"),
             lora_alpha=alpha,

@@ -235,6 +235,7 @@ def row_inputs(row: TimingRow) -> tuple[System, ModelSpec, Recipe, Layout, tuple
         fp8_params=flags.fp8_params,
         fp8_activation_store=flags.fp8_activation_store,
         fp8_attention=flags.fp8_attention,
+        fused_cross_entropy=flags.fused_cross_entropy,
         recompute_modules=flags.recompute_modules,
         stack=REGISTRY[row.dataset].stack,  # type: ignore[arg-type]
     )
