@@ -71,7 +71,12 @@ def test_kernel_per_stack_and_generation() -> None:
     kernel, gen, assumed = kernel_for("cdna3-750w", "megatron")
     assert kernel == "fa2"
     assert gen == "other" and assumed
-    assert not kernel_for("ampere", "pytorch")[2] and kernel_for("blackwell", "megatron")[2]
+    assert not kernel_for("ampere", "pytorch")[2] and kernel_for("ada", "pytorch")[2]
+    # Blackwell: the H100 curves times GB200's measured fraction relative to H200's
+    assert not kernel_for("blackwell", "megatron")[2]
+    b, _ = kernel_fraction("cudnn", "blackwell", "forward", True, 128, 8192)
+    h, _ = kernel_fraction("cudnn", "hopper", "forward", True, 128, 8192)
+    assert b / h == pytest.approx(0.931)
 
 
 def test_ampere_is_the_published_maximum_over_the_same_kernel_on_h100() -> None:
