@@ -561,20 +561,11 @@ class Recipe:
                 f"must be true or false, got {self.recompute_early_stop!r} "
                 "(--recompute-early-stop: PyTorch non-reentrant checkpoint with early stop)",
             )
-        if (
-            not isinstance(self.recompute_every, int)
-            or isinstance(self.recompute_every, bool)
-            or (self.recompute_every <= 0)
-        ):
-            raise RecipeError("recompute_every", f"must be a positive integer, got {self.recompute_every!r}")
-        if (
-            not isinstance(self.recompute_layers, int)
-            or isinstance(self.recompute_layers, bool)
-            or self.recompute_layers < 0
-        ):
-            raise RecipeError(
-                "recompute_layers", f"must be a non-negative integer, got {self.recompute_layers!r}"
-            )
+        for name, low in (("recompute_every", 1), ("recompute_layers", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                what = "a positive" if low else "a non-negative"
+                raise RecipeError(name, f"must be {what} integer, got {value!r}")
         if self.recompute_layers:
             if self.recompute != "full":
                 raise RecipeError(
@@ -700,6 +691,11 @@ FP8_OPTIONS: Final = ("fp8_params", "fp8_activation_store", "fp8_attention")
 """The Transformer Engine FP8 switches of a megatron-stack FP8 recipe (:class:`Recipe`)."""
 
 
+def fp8_options_set(recipe: Recipe, names: tuple[str, ...] = FP8_OPTIONS) -> list[tuple[str, str]]:
+    """(field, CLI flag) of each of ``names`` the recipe sets."""
+    return [(n, "--" + n.replace("_", "-")) for n in names if getattr(recipe, n) is True]
+
+
 def _check_fp8_options(recipe: Recipe) -> None:
     """:attr:`Recipe.fp8_params`, :attr:`Recipe.fp8_activation_store`, :attr:`Recipe.fp8_attention`:
     Transformer Engine settings of FP8 training on the megatron stack."""
@@ -707,9 +703,7 @@ def _check_fp8_options(recipe: Recipe) -> None:
         value = getattr(recipe, name)
         if not isinstance(value, bool):
             raise RecipeError(name, f"must be true or false, got {value!r}")
-        if not value:
-            continue
-        flag = "--" + name.replace("_", "-")
+    for name, flag in fp8_options_set(recipe):
         # NVFP4 recipes keep attention and the SwiGLU store in FP8 (their weights are not FP8)
         allowed = ("fp8",) if name == "fp8_params" else ("fp8", "fp4")
         if recipe.precision not in allowed:

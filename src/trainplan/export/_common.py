@@ -15,7 +15,7 @@ from trainplan.errors import TrainplanError
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import FP8_OPTIONS, Recipe
+from trainplan.recipe import Recipe, fp8_options_set
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,15 +99,13 @@ def check_megatron_options(recipe: Recipe, target: str) -> None:
             f"recomputing the first {recipe.recompute_layers} blocks of each stage (Megatron-LM's block method)",
             "export to megatron or nemo, or plan with plain --recompute full",
         )
-    for name in FP8_OPTIONS:
-        if getattr(recipe, name):
-            flag = "--" + name.replace("_", "-")
-            raise unsupported(
-                target,
-                name,
-                f"Transformer Engine's {flag} (a Megatron-Core / TE setting)",
-                f"export to megatron, or drop {flag}",
-            )
+    for name, flag in fp8_options_set(recipe):
+        raise unsupported(
+            target,
+            name,
+            f"Transformer Engine's {flag} (a Megatron-Core / TE setting)",
+            f"export to megatron, or drop {flag}",
+        )
 
 
 def check_loss(recipe: Recipe, target: str) -> None:

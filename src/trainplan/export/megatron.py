@@ -44,7 +44,7 @@ from trainplan.export._common import PlanFacts, check_loss, plan_facts, shell_co
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Recipe
+from trainplan.recipe import Recipe, fp8_options_set
 
 TARGET: Final = "megatron"
 VERSION: Final = "core_r0.14.0"
@@ -56,6 +56,13 @@ def train_steps(recipe: Recipe, global_batch: int) -> int | None:
     if recipe.tokens is None:
         return None
     return max(1, math.ceil(recipe.tokens / (global_batch * recipe.seq_len)))
+
+
+_NO_ARGUMENT: Final = {
+    "fp8_activation_store": "activation_func_fp8_input_store",
+    "fp8_attention": "fp8_dot_product_attention",
+}
+"""Recipe switches whose Megatron-Core fields have no ``pretrain_gpt.py`` argument."""
 
 
 def _check_recipe(recipe: Recipe, target: str = TARGET) -> None:
@@ -82,16 +89,14 @@ def _check_recipe(recipe: Recipe, target: str = TARGET) -> None:
             "export to torchtitan (selective_ac_option), or plan with --recompute-every 1",
         )
     check_loss(recipe, target)
-    for name in ("fp8_activation_store", "fp8_attention"):
-        if getattr(recipe, name):
-            flag = "--" + name.replace("_", "-")
-            raise unsupported(
-                target,
-                name,
-                f"{flag} (TransformerConfig.{'activation_func_fp8_input_store' if name == 'fp8_activation_store' else 'fp8_dot_product_attention'} "
-                "has no pretrain_gpt.py argument: megatron/training/arguments.py lists it among the fields without one)",
-                f"set it in a YAML config by hand, or drop {flag}",
-            )
+    for name, flag in fp8_options_set(recipe, tuple(_NO_ARGUMENT)):
+        raise unsupported(
+            target,
+            name,
+            f"{flag} (TransformerConfig.{_NO_ARGUMENT[name]} has no pretrain_gpt.py argument: "
+            "megatron/training/arguments.py lists it among the fields without one)",
+            f"set it in a YAML config by hand, or drop {flag}",
+        )
     if recipe.recompute_early_stop and recipe.recompute == "full":
         raise unsupported(
             target,

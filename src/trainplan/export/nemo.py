@@ -55,7 +55,7 @@ from trainplan.export._common import PlanFacts, plan_facts, unsupported
 from trainplan.hardware.system import System
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import FP8_OPTIONS, Recipe
+from trainplan.recipe import Recipe, fp8_options_set
 
 TARGET: Final = "nemo"
 VERSION: Final = "0.3.1"
@@ -189,16 +189,14 @@ def build_recipe(
             "Megatron Bridge's LoRA recipes start from a converted checkpoint)",
             "export a LoRA/QLoRA plan to deepspeed or accelerate, or plan --method full",
         )
-    for name in FP8_OPTIONS:
-        if getattr(recipe, name):
-            flag = "--" + name.replace("_", "-")
-            raise unsupported(
-                TARGET,
-                name,
-                f"{flag} (this target names one of Megatron Bridge's mixed-precision recipes, whose "
-                "MixedPrecisionConfig sets the FP8 fields of the model)",
-                f"export to megatron{' (--fp8-param-gather)' if name == 'fp8_params' else ''}, or drop {flag}",
-            )
+    for name, flag in fp8_options_set(recipe):
+        raise unsupported(
+            TARGET,
+            name,
+            f"{flag} (this target names one of Megatron Bridge's mixed-precision recipes, whose "
+            "MixedPrecisionConfig sets the FP8 fields of the model)",
+            f"export to megatron{' (--fp8-param-gather)' if name == 'fp8_params' else ''}, or drop {flag}",
+        )
     # The rules Megatron-Core imposes, shared with the Megatron-LM target.
     megatron._check_recipe(recipe, TARGET)
     megatron._model_args(model, recipe, TARGET)
