@@ -162,6 +162,7 @@ def test_plan_applies_the_switches_and_skips_what_has_no_ratio(capsys: pytest.Ca
     assert main([*args, "--precision", "fp8", "--fp8-attention", "--fp8-params"]) == 0
     out = capsys.readouterr().out
     assert "mi300x" in out and "published for hopper, blackwell" in out
+    assert "not searched, as given: --fp8-params, --fp8-attention" in out
 
 
 def test_fused_cross_entropy_keeps_the_16bit_logits_and_no_fp32_softmax() -> None:

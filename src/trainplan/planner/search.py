@@ -58,7 +58,16 @@ from trainplan.planner.bulk import (
     Segments,
 )
 from trainplan.predict import Estimate, estimate, hardware_refusal
-from trainplan.recipe import OFFLOADS, PRECISIONS, RECOMPUTES, Offload, Precision, Recipe, Recompute
+from trainplan.recipe import (
+    OFFLOADS,
+    PRECISIONS,
+    RECOMPUTES,
+    Offload,
+    Precision,
+    Recipe,
+    Recompute,
+    fp8_options_set,
+)
 from trainplan.terms import TERM_GROUPS, TIME_TERMS
 from trainplan.units import fmt_bytes, fmt_duration
 
@@ -1090,6 +1099,11 @@ def plan(
             f"dispatch; {left_out:,} layout(s) left out where it is not modelled "
             "(einsum dispatch with tp > 1, a capacity factor with cp > 1)"
         )
+    given = [flag for _, flag in fp8_options_set(base)] + (
+        ["--fused-cross-entropy"] if base.fused_cross_entropy else []
+    )
+    if given:
+        notes.append(f"not searched, as given: {', '.join(given)} (every candidate)")
     if base.recompute_modules is not None:
         notes.append(
             f"not searched, as given: selective recompute of {', '.join(base.recompute_modules)} "
