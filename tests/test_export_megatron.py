@@ -313,3 +313,33 @@ def test_shell_text_is_one_command() -> None:
     text = export_plan("megatron", system, spec, rec, lay).text
     words = shlex.split(text.replace("\\\n", " "), comments=True)
     assert words[0] == "torchrun" and "pretrain_gpt.py" in words
+
+
+def test_a_saved_plan_keeps_every_recipe_field() -> None:
+    """``plan --json`` writes every recipe field and ``export --plan`` reads each back: a saved plan
+    with FP8 weights still exports --fp8-param-gather, and older plans without the newer fields
+    take their defaults."""
+    import dataclasses
+    import json
+
+    from trainplan.export.saved import recipe_from_dict
+    from trainplan.predict import recipe_to_dict
+    from trainplan.recipe import Recipe
+
+    recipe = Recipe(
+        precision="fp8",
+        fp8_params=True,
+        fp8_activation_store=True,
+        fp8_attention=True,
+        recompute="full",
+        recompute_layers=3,
+        mtp_layers=1,
+        global_batch=64,
+    )
+    written = recipe_to_dict(recipe)
+    assert {f.name for f in dataclasses.fields(Recipe)} - set(written) == {"lora"}
+    assert recipe_from_dict(json.loads(json.dumps(written))) == recipe
+    old = {k: v for k, v in written.items() if k not in ("fp8_params", "fp8_attention", "recompute_layers")}
+    assert recipe_from_dict({**old, "precision": "bf16", "recompute": "none", "fp8_activation_store": False}) == Recipe(
+        mtp_layers=1, global_batch=64
+    )

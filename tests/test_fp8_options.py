@@ -187,3 +187,30 @@ def test_fused_cross_entropy_keeps_the_16bit_logits_and_no_fp32_softmax() -> Non
         Recipe(fused_cross_entropy=True)
     with pytest.raises(TrainplanError, match="--tp 1"):
         memory_breakdown(model, replace(fused, global_batch=8), Layout(tp=2, dp=2))
+
+
+def test_review_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    """Combinations a review found wrong: each is answered or refused with its reason."""
+    # the planner leaves out the tensor-parallel layouts the fused loss is not modelled for
+    base = ["--hardware", "h100-sxm", "--devices", "8", "--seq-len", "4096", "--global-batch", "64"]
+    assert main(["plan", "llama-3.1-8b", *base, "--stack", "pytorch", "--fused-cross-entropy", "--json"]) == 0
+    assert '"tp": 2' not in capsys.readouterr().out
+    # the FP8 switches pick the searched precision they allow; the others are left out, counted
+    assert main(["plan", "llama-3.1-8b", *base, "--precisions", "bf16,fp8", "--fp8-attention"]) == 0
+    assert "recipe: fp8_attention" in capsys.readouterr().out
+    # RLHF settings with another method are refused by plan and compare as by estimate
+    assert main(["plan", "llama-3.2-1b", *base, "--critic-zero", "0"]) == 2
+    assert "RLHF setting" in capsys.readouterr().err
+    assert main(["compare", "llama-3.2-1b", "--hardware", "h100-sxm", "--group-size", "4"]) == 2
+    capsys.readouterr()
+    # a QLoRA base is NF4; FP8 weights are not modelled for RL jobs
+    with pytest.raises(TrainplanError, match="NF4"):
+        Recipe(method="qlora", precision="fp8", fp8_params=True)
+    with pytest.raises(TrainplanError, match="RL jobs"):
+        Recipe(method="grpo", precision="fp8", fp8_params=True)
+    # selective recompute of the attention core checkpoints its 16-bit q, k, v
+    r = Recipe(precision="fp8", recompute="selective", fp8_attention=True)
+    model = load_model("llama-3.1-8b")
+    assert layer_activations(model, r, Layout(), 0).terms["q_k_v"] == pytest.approx(
+        layer_activations(model, replace(r, fp8_attention=False), Layout(), 0).terms["q_k_v"]
+    )

@@ -230,10 +230,16 @@ def check_modelled(spec: ModelSpec, recipe: Recipe, layout: Layout | None) -> No
     check_mla_layout(spec, recipe, whole)
     check_moe_tp(spec, recipe, whole)
     check_fp8_options(spec, recipe)
-    if recipe.fused_cross_entropy and whole.tp > 1:
+    check_fused_loss(recipe, whole)
+
+
+def check_fused_loss(recipe: Recipe, layout: Layout) -> None:
+    """Refuse the fused cross-entropy (``Recipe.fused_cross_entropy``) under tensor parallelism:
+    its vocabulary-parallel form is not modelled."""
+    if recipe.fused_cross_entropy and layout.tp > 1:
         raise LayoutError(
             "fused_cross_entropy",
-            f"--fused-cross-entropy with tp={whole.tp}: the vocabulary-parallel form of the fused kernel is not "
+            f"--fused-cross-entropy with tp={layout.tp}: the vocabulary-parallel form of the fused kernel is not "
             "modelled; use --tp 1, or drop --fused-cross-entropy",
         )
 

@@ -923,6 +923,21 @@ GOODPUT_FIELDS: Final = (
 )
 
 
+def check_no_rlhf_fields(values: Mapping[str, Any], method: str) -> None:
+    """Refuse an RLHF field given with a method that is not an RL / preference method (estimate,
+    plan and compare alike). A field is given unless it is absent or an unset switch (0 is a
+    value: ``--critic-zero 0``)."""
+    given = [
+        f.name for f in RLHF_FIELDS if values.get(f.name) is not None and values.get(f.name) is not False
+    ]
+    if given:
+        raise TrainplanError(
+            given[0],
+            f"--{given[0].replace('_', '-')} is an RLHF setting; use --method ppo, grpo, dpo or rm "
+            f"(the method is {method})",
+        )
+
+
 def build_rlhf(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> RLHFSpec | None:
     """The :class:`~trainplan.rlhf.RLHFSpec` the RLHF fields describe (``None`` for other methods,
     where any RLHF field given is an error naming it)."""
@@ -930,18 +945,9 @@ def build_rlhf(values: Mapping[str, Any], policy: ModelSpec, recipe: Recipe) -> 
     from trainplan.rlhf import RLHFSpec, is_rlhf, seq_lengths
     from trainplan.rlhf_groups import DEDICATED_ENGINE_MEM_FRACTION, parse_groups
 
-    # a field is given unless it is absent or an unset switch (0 is a value: --critic-zero 0)
-    given = [
-        f.name for f in RLHF_FIELDS if values.get(f.name) is not None and values.get(f.name) is not False
-    ]
     method = recipe.method
     if not is_rlhf(method):
-        if given:
-            raise TrainplanError(
-                given[0],
-                f"--{given[0].replace('_', '-')} is an RLHF setting; use --method ppo, grpo, dpo or rm "
-                f"(the method is {method})",
-            )
+        check_no_rlhf_fields(values, method)
         return None
     rollout = method in ("ppo", "grpo")
     reward = values.get("reward_model")

@@ -719,8 +719,11 @@ def layer_activations(
     stat_bytes = 4.0 if model.norm == "rmsnorm" else 8.0  # FP32 rstd (+ mean for LayerNorm) per token
     terms["norm_stats"] = norms * stat_bytes * tokens / sp_div
     # Inside the tp region.
-    # FP8 attention (Recipe.fp8_attention) saves q, k and v quantized, the output O in 16 bits
-    qkv_b = BYTES_PER_ELEMENT["fp8"] if recipe.fp8_attention else e
+    # FP8 attention (Recipe.fp8_attention) saves q, k and v quantized, the output O in 16 bits;
+    # under selective recompute of the attention core the checkpoint keeps its 16-bit inputs
+    # (Megatron-Core _checkpointed_attention_forward checkpoints query, key, value)
+    fp8_qkv = recipe.fp8_attention and "core_attn" not in recompute_module_set(recipe)
+    qkv_b = BYTES_PER_ELEMENT["fp8"] if fp8_qkv else e
     terms["q_k_v"] = qkv_b * tokens * (q_local + g_local + v_local)
     if model.qk_norm:
         # Qwen3/OLMo 2: q and k norms save their inputs and an FP32 rstd per head (or per token).

@@ -183,6 +183,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "recompute": recipe.recompute,
         "recompute_early_stop": recipe.recompute_early_stop,
         "recompute_every": recipe.recompute_every,
+        "recompute_layers": recipe.recompute_layers,
         "recompute_modules": list(recipe.recompute_modules) if recipe.recompute_modules is not None else None,
         "mtp_layers": recipe.mtp_layers,
         "stack": recipe.stack,
@@ -199,6 +200,11 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, object]:
         "softmax_fp32": recipe.softmax_fp32,
         "moe_capacity_factor": recipe.moe_capacity_factor,
         "moe_dispatch": recipe.moe_dispatch,
+        "triton_attention": recipe.triton_attention,
+        "fused_cross_entropy": recipe.fused_cross_entropy,
+        "fp8_params": recipe.fp8_params,
+        "fp8_activation_store": recipe.fp8_activation_store,
+        "fp8_attention": recipe.fp8_attention,
     }
     if recipe.lora is not None:
         out["lora"] = {

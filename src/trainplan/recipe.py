@@ -718,6 +718,16 @@ def _check_fp8_options(recipe: Recipe) -> None:
                 f"{flag} is a Transformer Engine / Megatron-Core setting; the {recipe.stack} stack does not "
                 "have it: use --stack megatron, or drop it",
             )
+    if recipe.fp8_params and recipe.method == "qlora":
+        raise RecipeError(
+            "fp8_params", "--fp8-params with QLoRA: the frozen base is NF4, not FP8; drop one of them"
+        )
+    if recipe.fp8_params and recipe.method in ("dpo", "ppo", "grpo", "rm"):
+        raise RecipeError(
+            "fp8_params",
+            f"--fp8-params with {recipe.method}: FP8 weights are not modelled for the RL jobs' models and "
+            "rollout engines; drop --fp8-params",
+        )
     if recipe.fp8_attention and recipe.attention != "flash":
         raise RecipeError(
             "fp8_attention", "--fp8-attention is the fused (flash) attention kernel; drop --attention eager"

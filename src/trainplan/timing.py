@@ -866,6 +866,12 @@ def step_time(
                     f"{acc.name}: the {recipe.stack} stack has no runs on this device; κ = {kappa:.3f} of "
                     f"{native}, the stack its published runs use (--stack {native})"
                 )
+    if recipe.fp8_params and not recipe.is_peft and layout.dp * layout.cp == 1:
+        notes.append(
+            "--fp8-params with one data-parallel rank changes no modelled term: a trained FP8 weight and its "
+            "transposed copy take the 2 bytes of a 16-bit weight and nothing is gathered (the FP8 weight cache "
+            "of 16-bit weights it removes is not modelled)"
+        )
     eff = get_efficiency(acc.name)
     pk = recipe_peaks(acc, recipe, eff)
     dtype, peak, peak_hp, peak_attn = pk.dtype, pk.peak, pk.peak_hp, pk.peak_attn

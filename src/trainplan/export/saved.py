@@ -47,6 +47,26 @@ _RECIPE_KEYS = (
 )
 
 
+_OPTIONAL_RECIPE_KEYS = (
+    "recompute_every",
+    "recompute_layers",
+    "recompute_modules",
+    "mtp_layers",
+    "torch_compile",
+    "kbit_fp32_upcast",
+    "logits_shift_copy",
+    "softmax_fp32",
+    "moe_capacity_factor",
+    "moe_dispatch",
+    "triton_attention",
+    "fused_cross_entropy",
+    "fp8_params",
+    "fp8_activation_store",
+    "fp8_attention",
+)
+"""Recipe fields a saved plan carries when its version wrote them (``predict.recipe_to_dict``)."""
+
+
 def _field(obj: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in obj:
         raise TrainplanError("plan", f"{where} has no {key!r}: not the output of `trainplan plan --json`")
@@ -64,13 +84,12 @@ def recipe_from_dict(d: Mapping[str, Any]) -> Recipe:
             targets=tuple(lora["targets"]),
             double_quant=bool(lora["double_quant"]),
         )
-    return Recipe(
-        **{k: _field(d, k, "the plan's recipe") for k in _RECIPE_KEYS},
-        lora=spec,
-        # written since MoE capacity padding was modelled; absent in older plans (dropless then)
-        moe_capacity_factor=d.get("moe_capacity_factor"),
-        moe_dispatch=d.get("moe_dispatch", "gather"),
-    )
+    # written by later versions than some saved plans: absent, the recipe's default (what those
+    # plans were estimated with)
+    optional = {k: d[k] for k in _OPTIONAL_RECIPE_KEYS if k in d}
+    if isinstance(optional.get("recompute_modules"), list):
+        optional["recompute_modules"] = tuple(optional["recompute_modules"])
+    return Recipe(**{k: _field(d, k, "the plan's recipe") for k in _RECIPE_KEYS}, lora=spec, **optional)
 
 
 def layout_from_dict(d: Mapping[str, Any]) -> Layout:

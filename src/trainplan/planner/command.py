@@ -19,6 +19,7 @@ from trainplan.inputs import (
     build_recipe,
     build_reliability,
     build_rlhf,
+    check_no_rlhf_fields,
     engine_settings,
     fill_defaults,
     host_memory_bytes,
@@ -103,7 +104,6 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
             "sac); size Megatron's block recompute with `trainplan estimate --recompute full "
             f"--recompute-layers {values['recompute_layers']}`",
         )
-    recipe = build_recipe(fill_defaults(values, RECIPE_FIELDS))
     if values["precision"] is not None:
         precisions: tuple[str, ...] = (values["precision"],)
     else:
@@ -115,6 +115,22 @@ def request(values: Mapping[str, Any], *, compare_mode: bool) -> tuple[Recipe, S
                 )
         if not precisions:
             raise TrainplanError("precisions", "give at least one precision")
+    # the fixed recipe holds the first searched precision the fixed switches allow (one they do not,
+    # such as bf16 beside --fp8-attention, is left out by the search with its count); none: the
+    # first one's error
+    recipe: Recipe | None = None
+    first_error: TrainplanError | None = None
+    for p in precisions:
+        try:
+            recipe = build_recipe(fill_defaults({**values, "precision": p}, RECIPE_FIELDS))
+            break
+        except TrainplanError as err:
+            first_error = first_error or err
+    if recipe is None:
+        assert first_error is not None
+        raise first_error
+    if recipe.method not in RLHF_METHODS:
+        check_no_rlhf_fields(values, recipe.method)
     counts: tuple[int, ...] | None = None
     if compare_mode and values["devices"] is not None:
         counts = (values["devices"],)

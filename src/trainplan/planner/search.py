@@ -31,7 +31,13 @@ import numpy.typing as npt
 
 from trainplan.cost import DEFAULT_PUE
 from trainplan.errors import TrainplanError
-from trainplan.flops import check_mla_layout, check_moe_routing, check_moe_tp, fp8_params_needs_sharding
+from trainplan.flops import (
+    check_fused_loss,
+    check_mla_layout,
+    check_moe_routing,
+    check_moe_tp,
+    fp8_params_needs_sharding,
+)
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
 from trainplan.hardware.accelerator import Accelerator, CloudOffering
 from trainplan.hardware.prices import (
@@ -437,6 +443,7 @@ def enumerate_cores(
                             check_moe_routing(base, lay)  # the scalar estimate raises it too
                             check_mla_layout(model, base, lay)
                             check_moe_tp(model, base, lay)
+                            check_fused_loss(base, lay)
                         except TrainplanError as err:
                             invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
                             continue

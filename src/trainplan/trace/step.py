@@ -34,7 +34,7 @@ from torch import nn
 
 from trainplan.layout import Layout
 from trainplan.models.spec import ModelSpec
-from trainplan.recipe import Recipe
+from trainplan.recipe import Recipe, fp8_options_set
 from trainplan.trace.lora import apply_lora, quant_buffers
 from trainplan.trace.models import MLP, Block, MoE, ReferenceLM, build_model, num_params, retie
 from trainplan.trace.tracer import CATEGORIES, LiveStorageTracker, classify, flop_counter, flops_by_op
@@ -471,6 +471,15 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
     if recipe.fused_cross_entropy:
         raise UnsupportedConfig(
             "flash-attn's fused cross-entropy is not traced (the reference loss is PyTorch's)"
+        )
+    if recipe.recompute_layers:
+        raise UnsupportedConfig(
+            "Megatron's block recompute (--recompute-layers) is not traced (the reference checkpointing wraps "
+            "every block or every n-th)"
+        )
+    for _, flag in fp8_options_set(recipe):
+        raise UnsupportedConfig(
+            f"{flag} is a Transformer Engine setting; the reference modules are PyTorch's"
         )
     if layout.pp > 1:
         raise UnsupportedConfig("pipeline parallelism is not traced (fake-PG P2P schedules need real ranks)")
