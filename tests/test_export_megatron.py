@@ -38,7 +38,7 @@ VALUED = {
     "--recompute-method", "--recompute-num-layers", "--attention-backend", "--attention-dropout",
     "--hidden-dropout", "--optimizer", "--sgd-momentum", "--optimizer-offload-fraction", "--tokenizer-type",
     "--vocab-size", "--train-iters", "--lr-decay-iters", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
-    "--qk-pos-emb-head-dim", "--v-head-dim", "--moe-layer-freq",
+    "--qk-pos-emb-head-dim", "--v-head-dim", "--moe-layer-freq", "--window-size", "--window-attn-skip-freq",
 }  # fmt: skip
 SWITCHES = {
     "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
@@ -61,13 +61,20 @@ CHOICES = {
 }
 
 
+def _tuple_type(text: str) -> tuple[int, ...]:
+    """Megatron-LM's ``tuple_type`` (arguments.py): "(1,2)" or "1,2" to a tuple of ints."""
+    return tuple(int(i) for i in text.strip("()").split(","))
+
+
 def megatron_parser() -> argparse.ArgumentParser:
     """A parser with the written flags' Megatron-LM declarations (type and choices)."""
     p = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)
     floats = {"--attention-dropout", "--hidden-dropout", "--sgd-momentum", "--optimizer-offload-fraction"}
     for flag in sorted(VALUED):
         kind: Any = (
-            float
+            _tuple_type
+            if flag == "--window-size"
+            else float
             if flag in floats
             else (str if flag in CHOICES or flag.endswith(("-type", "-format", "-freq")) else int)
         )
@@ -340,6 +347,27 @@ def test_a_saved_plan_keeps_every_recipe_field() -> None:
     assert {f.name for f in dataclasses.fields(Recipe)} - set(written) == {"lora"}
     assert recipe_from_dict(json.loads(json.dumps(written))) == recipe
     old = {k: v for k, v in written.items() if k not in ("fp8_params", "fp8_attention", "recompute_layers")}
-    assert recipe_from_dict({**old, "precision": "bf16", "recompute": "none", "fp8_activation_store": False}) == Recipe(
-        mtp_layers=1, global_batch=64
-    )
+    assert recipe_from_dict(
+        {**old, "precision": "bf16", "recompute": "none", "fp8_activation_store": False}
+    ) == Recipe(mtp_layers=1, global_batch=64)
+
+
+def test_sliding_windows_are_written() -> None:
+    """Megatron-LM's --window-size (left, right) and --window-attn-skip-freq N (one full-attention
+    layer after N - 1 windowed ones), and Megatron Bridge's model fields of the same names."""
+    from trainplan.export import megatron as mg
+    from trainplan.export import nemo
+    from trainplan.hardware import get_accelerator
+    from trainplan.hardware.system import System
+    from trainplan.layout import Layout
+    from trainplan.models import load_model
+    from trainplan.recipe import Recipe
+
+    system = System(accelerator=get_accelerator("h100-sxm"), num_devices=8)
+    recipe, layout = Recipe(seq_len=8192, global_batch=64), Layout(dp=8, zero=1)
+    argv = mg.build_argv(system, load_model("mistral-7b"), recipe, layout)[0]
+    i = argv.index("--window-size")
+    assert argv[i + 1] == "(4095,0)" and "--window-attn-skip-freq" not in argv
+    assert "--window-size" not in mg.build_argv(system, load_model("mistral-7b-v0.2"), recipe, layout)[0]
+    text = nemo.render(system, load_model("mistral-7b"), recipe, layout)[0]
+    assert '"window_size": (4095, 0),' in text

@@ -537,3 +537,57 @@ def test_sac_combinations_that_are_not_modelled_are_errors() -> None:
         with pytest.raises(LayoutError) as lerr:
             F.device_flops(TINY, Recipe(seq_len=8, recompute="sac"), layout)
         assert lerr.value.field == field
+
+
+def test_sliding_window_attention_counts_the_band() -> None:
+    """A local layer scores s·w − w²/2 query-key pairs per head (query i sees min(i + 1, w) keys);
+    Gemma 2 alternates local (even) and global (odd) layers; a window at least the sequence is the
+    causal count."""
+    from trainplan.errors import LayoutError, ModelError
+    from trainplan.models import load_model
+    from trainplan.models.hf import from_hf_config
+
+    mistral = load_model("mistral-7b")  # every layer local, 4096
+    full = load_model("mistral-7b-v0.2")
+    s, w = 8192, 4096
+    ratio = (s * w - w * w / 2) / (s * s / 2)
+    r = Recipe(seq_len=s, global_batch=1)
+    assert F.step_flops(mistral, r).attention_flops == pytest.approx(
+        ratio * F.step_flops(full, r).attention_flops
+    )
+    short = Recipe(seq_len=2048, global_batch=1)
+    assert F.step_flops(mistral, short).attention_flops == pytest.approx(
+        F.step_flops(full, short).attention_flops
+    )
+    gemma = load_model("gemma-2-9b")
+    assert [gemma.is_local_layer(i) for i in range(4)] == [True, False, True, False]
+    dense = replace(gemma, attention_window=0, global_every=0)
+    r = Recipe(seq_len=16384, global_batch=1)
+    half = (1 + (16384 * 4096 - 4096**2 / 2) / (16384**2 / 2)) / 2
+    assert F.step_flops(gemma, r).attention_flops == pytest.approx(
+        half * F.step_flops(dense, r).attention_flops
+    )
+    with pytest.raises(LayoutError, match="sliding-window"):
+        F.step_flops(mistral, Recipe(seq_len=8192, global_batch=1), Layout(cp=2))
+    # config.json: layer_types every third layer global; Qwen's window on the last layers refused
+    cfg = {
+        "model_type": "mistral",
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_attention_heads": 8,
+        "num_hidden_layers": 6,
+        "num_key_value_heads": 8,
+        "vocab_size": 1000,
+        "max_position_embeddings": 8192,
+        "sliding_window": 512,
+        "hidden_act": "silu",
+    }
+    assert from_hf_config(cfg, "m").global_every == 0
+    types = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    m = from_hf_config({**cfg, "layer_types": types}, "m")
+    assert (m.attention_window, m.global_every) == (512, 3)
+    with pytest.raises(ModelError, match="layer_types"):
+        from_hf_config({**cfg, "layer_types": ["full_attention", *types[1:]]}, "m")
+    qwen = {**cfg, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 3}
+    with pytest.raises(ModelError, match="use_sliding_window"):
+        from_hf_config(qwen, "q")

@@ -53,6 +53,10 @@ PUBLISHED_TOTAL: dict[str, tuple[int, str]] = {
     "llama-3.2-3b": (3_212_749_824, "Hub safetensors.parameters.BF16 of meta-llama/Llama-3.2-3B-Instruct"),
     "gpt2": (124_439_808, "GPT2LMHeadModel num_parameters() (1024 learned positions, tied)"),
     "mistral-7b": (7_241_732_096, "GGUF general.parameter_count of Mistral-7B-v0.1"),
+    "mistral-7b-v0.2": (
+        7_241_732_096,
+        "Mistral-7B-v0.1's dimensions without the window (Mistral-7B-Instruct-v0.2)",
+    ),
     "mixtral-8x7b": (46_702_792_704, "Hub API safetensors.total of mistralai/Mixtral-8x7B-Instruct-v0.1"),
     # vocab 32000 (mistral-community conversion); mistralai/Mixtral-8x22B-Instruct-v0.1 has vocab 32768.
     "mixtral-8x22b": (140_620_634_112, "Hub safetensors.total of mistral-community/Mixtral-8x22B-v0.1"),

@@ -202,8 +202,10 @@ def test_plan_and_compare_skip_refused_accelerators_with_the_reason() -> None:
 
 def test_sliding_window_and_soft_capping_are_stated_in_the_notes(tmp_path: Path) -> None:
     notes = trainplan.estimate("gemma-2-9b", hardware="h200", seq_len=8192).to_dict()["time"]["notes"]
-    assert any("sliding-window (4096)" in n for n in notes)
+    assert any("sliding-window attention (4096 keys)" in n for n in notes)
     assert any("soft-capping" in n for n in notes)
+    short = trainplan.estimate("gemma-2-9b", hardware="h200", seq_len=4096).to_dict()["time"]["notes"]
+    assert not any("sliding-window" in n for n in short)  # the window covers the whole sequence
     cfg = {
         **LLAMA_CONFIG,
         "model_type": "gemma2",
@@ -214,7 +216,7 @@ def test_sliding_window_and_soft_capping_are_stated_in_the_notes(tmp_path: Path)
     }
     spec = from_hf_config(cfg, "g2", strict=False)
     assert any("soft-capping" in a for a in spec.approximations)
-    assert any("sliding-window (4096)" in a for a in spec.approximations)
+    assert (spec.attention_window, spec.global_every) == (4096, 2)  # modelled, not an approximation
 
 
 def test_plan_rows_name_the_catalog_offering_not_the_user(capsys: pytest.CaptureFixture[str]) -> None:

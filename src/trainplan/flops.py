@@ -116,9 +116,16 @@ def _check_layer(spec: ModelSpec, layer_idx: int) -> None:
         raise LayoutError("layer", f"layer index {layer_idx} outside 0..{spec.num_layers - 1}")
 
 
-def _attention_core_flops(spec: ModelSpec, b: float, s: float, causal: bool, width: int) -> float:
+def _attention_core_flops(
+    spec: ModelSpec, b: float, s: float, causal: bool, width: int, window: int = 0
+) -> float:
     """One of QKᵀ (``width`` = d) or PV (``width`` = d_v): 2·b·a·s²·width, halved for causal
-    masks (module docstring)."""
+    masks (module docstring). A causal sliding window of ``window`` < s keys (a local layer,
+    ``ModelSpec.is_local_layer``; the kernels skip the blocks outside the band, FlashAttention-2's
+    ``window_size``) scores s·w − w²/2 query-key pairs per head instead of s²/2 (query i sees
+    min(i + 1, w) keys; the same continuous count as the causal half)."""
+    if causal and 0 < window < s:
+        return 2.0 * b * spec.num_heads * (s * window - window * window / 2.0) * width
     full = 2.0 * b * spec.num_heads * s * s * width
     return full / 2.0 if causal else full
 
@@ -231,6 +238,18 @@ def check_modelled(spec: ModelSpec, recipe: Recipe, layout: Layout | None) -> No
     check_moe_tp(spec, recipe, whole)
     check_fp8_options(spec, recipe)
     check_fused_loss(recipe, whole)
+    check_window_layout(spec, recipe, whole)
+
+
+def check_window_layout(spec: ModelSpec, recipe: Recipe, layout: Layout) -> None:
+    """Refuse context parallelism where a sliding window is shorter than the sequence: the ring
+    attention of :func:`device_flops` splits the full causal pattern, not a band."""
+    if layout.cp > 1 and 0 < spec.attention_window < recipe.seq_len:
+        raise LayoutError(
+            "cp",
+            f"cp={layout.cp} with {spec.name}'s {spec.attention_window}-token sliding-window attention: the "
+            "ring attention is modelled for the full causal pattern; use --cp 1",
+        )
 
 
 def check_fused_loss(recipe: Recipe, layout: Layout) -> None:
@@ -337,8 +356,9 @@ def layer_forward_flops(
     qkv = 2.0 * t * spec.attention_weights("column")
     latent = 2.0 * t * spec.attention_weights("replicated")
     out = 2.0 * t * spec.attention_weights("row")
-    scores = _attention_core_flops(spec, b, s, causal, spec.head_dim)
-    values = _attention_core_flops(spec, b, s, causal, spec.v_head_dim)
+    window = spec.attention_window if spec.is_local_layer(layer_idx) else 0
+    scores = _attention_core_flops(spec, b, s, causal, spec.head_dim, window)
+    values = _attention_core_flops(spec, b, s, causal, spec.v_head_dim, window)
     attn = {
         "qkv_proj": qkv,
         "attn_scores": scores,
@@ -1172,22 +1192,23 @@ def _kind_counts(
     peft: bool,
     recompute_every: int = 1,
     recompute_layers: int = 0,
-) -> dict[tuple[bool, bool, bool], tuple[int, int, int]]:
-    """{(MoE?, first layer under PEFT?, recomputed?): (representative layer, its position in the
-    stage, count)} over ``layers``.
+) -> dict[tuple[bool, bool, bool, bool], tuple[int, int, int]]:
+    """{(MoE?, first layer under PEFT?, recomputed?, sliding-window?): (representative layer, its
+    position in the stage, count)} over ``layers``.
 
     The first layer under PEFT is its own kind: its input needs no gradient (see _layer_passes).
     Under layer-selective checkpointing (``recompute_every`` n > 1: the stage's n-th, 2n-th, …
     blocks; ``recompute_layers`` N > 0: its first N) the named blocks are recomputed and the
     others are not (:func:`trainplan.recipe.recomputes_block`).
     """
-    counts: dict[tuple[bool, bool, bool], tuple[int, int, int]] = {}
+    counts: dict[tuple[bool, bool, bool, bool], tuple[int, int, int]] = {}
     dense = spec.moe is None
     for j, i in enumerate(layers):
         kind = (
             False if dense else spec.is_moe_layer(i),
             peft and i == 0,
             recomputes_position(j, recompute_every, recompute_layers),
+            spec.is_local_layer(i),
         )
         first, pos, n = counts.get(kind, (i, j, 0))
         counts[kind] = (first, pos, n + 1)

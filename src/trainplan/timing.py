@@ -422,7 +422,17 @@ def attention_etas(
     if recipe.fp8_attention:
         # FP8 attention against the BF16 peak: capped at the FP8 GEMMs' fraction of the FP8 peak
         cap = eff.gemm_max("fp8") * acc.peak_flops_per_s("fp8") / acc.peak_flops_per_s(act)
-    return dataclasses.replace(got, forward=min(got.forward, cap), backward=min(got.backward, cap))
+    notes = got.notes
+    if 0 < model.attention_window < recipe.seq_len:
+        notes = (
+            *notes,
+            f"sliding-window attention ({model.attention_window} keys) on the local layers: their FLOPs are "
+            "counted over the window, at the causal kernel's efficiency at the sequence length "
+            "(windowed kernels not measured)",
+        )
+    return dataclasses.replace(
+        got, forward=min(got.forward, cap), backward=min(got.backward, cap), notes=notes
+    )
 
 
 def recipe_peaks(acc: Accelerator, recipe: Recipe, eff: DeviceEfficiency) -> Peaks:

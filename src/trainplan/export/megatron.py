@@ -160,6 +160,11 @@ def _model_args(model: ModelSpec, recipe: Recipe, target: str = TARGET) -> list[
         args += ["--ffn-hidden-size", str(model.ffn_hidden)]
     if model.num_kv_heads != model.num_heads:
         args += ["--group-query-attention", "--num-query-groups", str(model.num_kv_heads)]
+    if model.attention_window:
+        # TransformerConfig.window_size (left, right): a query sees itself and w - 1 keys before it
+        args += ["--window-size", f"({model.attention_window - 1},0)"]
+        if model.global_every:
+            args += ["--window-attn-skip-freq", str(model.global_every)]
     mla = model.mla
     if mla is not None:
         # Megatron-LM megatron/training/arguments.py _add_mla_args: --qk-head-dim is d_n (the

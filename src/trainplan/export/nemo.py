@@ -151,6 +151,11 @@ def _model(model: ModelSpec, recipe: Recipe, layout: Layout) -> dict[str, object
     }
     if model.ffn_hidden:
         out["ffn_hidden_size"] = model.ffn_hidden
+    if model.attention_window:
+        # TransformerConfig.window_size (left, right): a query sees itself and w - 1 keys before it
+        out["window_size"] = (model.attention_window - 1, 0)
+        if model.global_every:
+            out["window_attn_skip_freq"] = model.global_every
     if recipe.recompute_modules is not None:
         out["recompute_modules"] = list(recipe.recompute_modules)
     if layout.ep_comm_overlap:

@@ -234,7 +234,6 @@ class CustomModel:
 CUSTOM_FLAVOR: Final = "plan"
 ROPE_THETA: Final = 10000.0
 NORM_EPS: Final = 1e-5
-_WINDOW = re.compile(r"sliding-window \((\d+)\) attention is costed as full causal attention")
 
 
 def _module_name(model: ModelSpec) -> str:
@@ -304,18 +303,16 @@ def check_architecture(model: ModelSpec, recipe: Recipe, target: str = TARGET, o
     if model.qk_norm_full_width:
         raise _cannot_build(model, "q/k norms over all heads (its q/k norms are per head)", target, others)
     for note in model.approximations:
-        # models/hf.py writes a sliding window this way; at or below the window it is causal attention
-        window = _WINDOW.search(note)
-        if window is None:
-            raise _cannot_build(model, f"an architecture trainplan approximates ({note})", target, others)
-        if recipe.seq_len > int(window.group(1)):
-            raise unsupported(
-                target,
-                "seq_len",
-                f"{model.name}'s sliding-window ({window.group(1)}) attention at seq_len {recipe.seq_len} "
-                "(its attention is full causal, the same only up to the window)",
-                f"plan with --seq-len {window.group(1)} or less, or export to {others}",
-            )
+        raise _cannot_build(model, f"an architecture trainplan approximates ({note})", target, others)
+    # its attention is full causal: the same as a sliding window only up to the window
+    if 0 < model.attention_window < recipe.seq_len:
+        raise unsupported(
+            target,
+            "seq_len",
+            f"{model.name}'s sliding-window ({model.attention_window}) attention at seq_len {recipe.seq_len} "
+            "(its attention is full causal, the same only up to the window)",
+            f"plan with --seq-len {model.attention_window} or less, or export to {others}",
+        )
 
 
 def custom_model(model: ModelSpec, recipe: Recipe, layout: Layout) -> CustomModel:

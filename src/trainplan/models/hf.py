@@ -590,16 +590,64 @@ def _notes(cfg: Mapping[str, Any]) -> list[str]:
     return notes
 
 
+def _sliding_window(cfg: Mapping[str, Any], model_type: str, num_layers: int) -> tuple[int, int]:
+    """(``ModelSpec.attention_window``, ``global_every``) of a config's sliding-window attention.
+
+    ``sliding_window`` (Mistral, Mixtral, Phi-3: every layer; Gemma 2: the even layers,
+    ``Gemma2DecoderLayer.is_sliding = not layer_idx % 2``); ``layer_types`` (newer transformers:
+    one ``sliding_attention`` / ``full_attention`` per layer) must be every layer local, or every
+    n-th global; Qwen's ``use_sliding_window`` slides the layers from ``max_window_layers`` on,
+    which is modelled only when that leaves none sliding. A pattern not of this form is an error
+    naming the key."""
+    window = cfg.get("sliding_window")
+    if model_type.startswith("qwen"):
+        if not cfg.get("use_sliding_window", False):
+            return 0, 0
+        first = cfg.get("max_window_layers", num_layers)
+        if isinstance(first, int) and first >= num_layers:
+            return 0, 0
+        raise ModelError(
+            "use_sliding_window",
+            f"config.json (model_type {model_type}): sliding windows on the layers from max_window_layers "
+            f"({first}) on are not modelled (a window on every layer or on every n-th is)",
+        )
+    if window is None or window is False:
+        return 0, 0
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ModelError(
+            "sliding_window",
+            f"config.json: sliding_window must be a positive integer or null, got {window!r}",
+        )
+    types = cfg.get("layer_types")
+    if types is None:
+        return window, 2 if model_type == "gemma2" else 0
+    if (
+        not isinstance(types, list)
+        or len(types) != num_layers
+        or not set(types) <= {"sliding_attention", "full_attention"}
+    ):
+        raise ModelError(
+            "layer_types",
+            "config.json: layer_types must list sliding_attention / full_attention once per layer",
+        )
+    glob = [i for i, t in enumerate(types) if t == "full_attention"]
+    if not glob:
+        return window, 0
+    if len(glob) == num_layers:
+        return 0, 0
+    every = glob[0] + 1
+    if glob != [i for i in range(num_layers) if (i + 1) % every == 0]:
+        raise ModelError(
+            "layer_types",
+            f"config.json: the full-attention layers {glob[:4]}... are not every {every}-th layer; a sliding "
+            "window on every layer or on all but every n-th is modelled",
+        )
+    return window, every
+
+
 def _approximations(cfg: Mapping[str, Any], name: str) -> list[str]:
     """What the cost model approximates for this config (:attr:`ModelSpec.approximations`)."""
     out = []
-    window = cfg.get("sliding_window")
-    uses_window = cfg.get("use_sliding_window", True)  # Qwen gates its window with this flag
-    if window and uses_window:
-        out.append(
-            f"{name}: sliding-window ({window}) attention is costed as full causal attention "
-            f"(an over-estimate of attention FLOPs and time above {window} tokens)"
-        )
     if cfg.get("model_type") == "opt" and cfg.get("do_layer_norm_before") is False:
         out.append(f"{name}: {OPT_POST_LN_APPROXIMATION}")
     capped = [k for k in ("attn_logit_softcapping", "final_logit_softcapping") if cfg.get(k)]
@@ -647,6 +695,7 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, *, strict: bool = True, so
         ignored |= fam.extra_ignored
         kw = _read_llama_like(r, fam)
 
+    kw["attention_window"], kw["global_every"] = _sliding_window(cfg, model_type, kw["num_layers"])
     notes = _notes(cfg)
     unknown: list[str] = []
     for key in sorted(set(cfg) - r.used - ignored):

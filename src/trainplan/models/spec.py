@@ -168,6 +168,15 @@ class ModelSpec:
     mla: MLASpec | None = None
     """Multi-head latent attention (:class:`MLASpec`); then ``num_kv_heads`` = ``num_heads`` and
     ``head_dim`` = d_n + d_r, the query/key width of a head."""
+    attention_window: int = 0
+    """Sliding-window (local) attention: each query attends to the last ``attention_window`` keys
+    (itself included) instead of all earlier ones, on the local layers (:meth:`is_local_layer`);
+    0: every layer attends to the whole causal prefix. Mistral-7B-v0.1 and Phi-3 (every layer),
+    Gemma 2 and gpt-oss (every other), Gemma 3 (five of six)."""
+    global_every: int = 0
+    """With ``attention_window``: every ``global_every``-th layer (1-based) attends globally, the
+    others locally (Gemma 2 ``is_sliding = not layer_idx % 2``: 2; Gemma 3
+    ``sliding_window_pattern``: 6); 0: every layer is local."""
     source: str = ""  # where the architecture came from (config URL, paper table)
     notes: tuple[str, ...] = field(default_factory=tuple)
     approximations: tuple[str, ...] = field(default_factory=tuple)
@@ -202,6 +211,13 @@ class ModelSpec:
         if self.mla is not None:
             self._check_mla(self.mla)
         check_int("mtp_layers", self.mtp_layers, low=0, high=MAX_LAYERS, error=ModelError)
+        check_int("attention_window", self.attention_window, low=0, high=MAX_SEQ_LEN, error=ModelError)
+        check_int("global_every", self.global_every, low=0, high=MAX_LAYERS, error=ModelError)
+        if self.global_every and not self.attention_window:
+            raise ModelError(
+                "global_every",
+                "global_every names the global layers among local ones: it needs attention_window",
+            )
         if self.mtp_layers >= self.num_layers:
             raise ModelError(
                 "mtp_layers", f"{self.mtp_layers} MTP modules need more than {self.num_layers} layers"
@@ -365,6 +381,13 @@ class ModelSpec:
     def gated(self) -> bool:
         """SwiGLU / GeGLU MLPs have three matrices (gate, up, down) instead of two."""
         return self.activation in ("swiglu", "geglu")
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) attends through the sliding window
+        (:attr:`attention_window`, :attr:`global_every`)."""
+        if not self.attention_window:
+            return False
+        return not (self.global_every and (layer + 1) % self.global_every == 0)
 
     def is_moe_layer(self, layer: int) -> bool:
         if self.moe is None:

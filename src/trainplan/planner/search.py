@@ -36,6 +36,7 @@ from trainplan.flops import (
     check_mla_layout,
     check_moe_routing,
     check_moe_tp,
+    check_window_layout,
     fp8_params_needs_sharding,
 )
 from trainplan.goodput import DEFAULT_RELIABILITY, Reliability
@@ -444,6 +445,7 @@ def enumerate_cores(
                             check_mla_layout(model, base, lay)
                             check_moe_tp(model, base, lay)
                             check_fused_loss(base, lay)
+                            check_window_layout(model, base, lay)
                         except TrainplanError as err:
                             invalid[f"layout: {err.field}"] = invalid.get(f"layout: {err.field}", 0) + 1
                             continue

@@ -472,6 +472,11 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
         raise UnsupportedConfig(
             "flash-attn's fused cross-entropy is not traced (the reference loss is PyTorch's)"
         )
+    if 0 < model.attention_window < recipe.seq_len:
+        raise UnsupportedConfig(
+            f"sliding-window attention ({model.attention_window} tokens, shorter than the sequence) is not traced "
+            "(the reference attention is full causal)"
+        )
     if recipe.recompute_layers:
         raise UnsupportedConfig(
             "Megatron's block recompute (--recompute-layers) is not traced (the reference checkpointing wraps "

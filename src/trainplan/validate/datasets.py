@@ -63,6 +63,7 @@ PRESETS: Final = (
     "llama-3.2-1b",
     "llama-3.2-3b",
     "mistral-7b",
+    "mistral-7b-v0.2",
     "mixtral-8x7b",
     "mixtral-8x22b",
     "qwen2.5-7b",
