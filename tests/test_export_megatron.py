@@ -371,3 +371,18 @@ def test_sliding_windows_are_written() -> None:
     assert "--window-size" not in mg.build_argv(system, load_model("mistral-7b-v0.2"), recipe, layout)[0]
     text = nemo.render(system, load_model("mistral-7b"), recipe, layout)[0]
     assert '"window_size": (4095, 0),' in text
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_attention_sinks_are_written_only_around_the_users_model(target: str) -> None:
+    """gpt-oss's sink logits are no option of the targets that build their own model: those refuse,
+    naming the targets that wrap the Hugging Face model (which has them)."""
+    from trainplan.export import HF_MODEL_TARGETS
+
+    system, model, recipe, layout = _plan("gpt-oss-20b", 8, {"global_batch": 64}, zero=3)
+    if target in HF_MODEL_TARGETS:
+        assert export_plan(target, system, model, recipe, layout).text
+        return
+    with pytest.raises(TrainplanError) as err:
+        export_plan(target, system, model, recipe, layout)
+    assert "attention sinks" in str(err.value) and all(t in str(err.value) for t in HF_MODEL_TARGETS)

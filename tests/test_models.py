@@ -66,6 +66,12 @@ PUBLISHED_TOTAL: dict[str, tuple[int, str]] = {
     "qwen3-30b-a3b": (30_532_122_624, "GGUF general.parameter_count of Qwen3-30B-A3B"),
     "qwen3-235b-a22b": (235_093_634_560, "Hub API safetensors.total of Qwen/Qwen3-235B-A22B"),
     "gemma-2-9b": (9_241_705_984, "Hub API safetensors.total of google/gemma-2-9b"),
+    "gemma-3-1b": (999_885_952, "Hub API safetensors.total of google/gemma-3-1b-it (text-only checkpoint)"),
+    "gpt-oss-20b": (
+        20_914_757_184,
+        "GGUF general.parameter_count of openai/gpt-oss-20b (ollama gpt-oss:20b)",
+    ),
+    "gpt-oss-120b": (116_829_156_672, "parameter count of openai/gpt-oss-120b; model card: 116.83B total"),
     "phi-3-mini": (3_821_079_552, "Hub safetensors.total of microsoft/Phi-3-mini-4k-instruct"),
     "olmo-2-7b": (7_298_617_344, "Hub API safetensors.total of allenai/OLMo-2-1124-7B"),
     # Biderman et al. 2023 Table 1: 85,056,000 non-embedding + 2 x 50304 x 768 untied embeddings.
@@ -80,6 +86,44 @@ PUBLISHED_ACTIVE: dict[str, tuple[int, float]] = {
     "qwen3-30b-a3b": (3_353_032_704, 3.3e9),  # model card: "30.5B total, 3.3B activated"
     "qwen3-235b-a22b": (22_190_763_520, 22e9),  # model card: "235B total, 22B activated"
 }
+
+
+# Hub safetensors.total of google/gemma-3-{4b,12b,27b}-it: the text decoder, the SigLIP vision tower
+# and the projector (a vision-width x h matrix; Gemma3MultiModalProjector). What is left after the
+# presets' text decoders and the projector matrix must be one and the same tower for all three sizes.
+GEMMA3_MULTIMODAL_TOTAL = {
+    "gemma-3-4b": 4_300_079_472,
+    "gemma-3-12b": 12_187_325_040,
+    "gemma-3-27b": 27_432_406_640,
+}
+SIGLIP_WIDTH = 1152  # vision_config.hidden_size of the Gemma 3 checkpoints
+
+
+def test_gemma3_text_decoders_leave_one_vision_tower() -> None:
+    towers = {
+        name: total - count_params(get_preset(name)).total - SIGLIP_WIDTH * get_preset(name).hidden_size
+        for name, total in GEMMA3_MULTIMODAL_TOTAL.items()
+    }
+    assert len(set(towers.values())) == 1, towers
+    # SigLIP-So400m at 896 px (27 layers, width 1152, MLP 4304, 4096 patch positions): about 0.417B
+    assert abs(next(iter(towers.values())) - 416.87e6) < 0.01e9
+
+
+def test_gpt_oss_active_parameters_match_the_model_card() -> None:
+    """gpt-oss model card Table 1: 3.61B active (20b) and 5.13B (120b), counting the unembedding
+    but not the embedding (ParamCounts.active counts both)."""
+    for name, card in (("gpt-oss-20b", 3.61e9), ("gpt-oss-120b", 5.13e9)):
+        c = count_params(get_preset(name))
+        assert abs((c.active - c.embedding) - card) / card < 0.002
+
+
+def test_gpt_oss_sinks_and_windows() -> None:
+    spec = get_preset("gpt-oss-20b")
+    no_sinks = dataclasses.replace(spec, attention_sinks=False)
+    assert count_params(spec).total - count_params(no_sinks).total == 24 * 64
+    assert [spec.is_local_layer(i) for i in range(4)] == [True, False, True, False]
+    gemma = get_preset("gemma-3-27b")
+    assert [i for i in range(62) if not gemma.is_local_layer(i)] == list(range(5, 62, 6))
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_TOTAL))
@@ -404,6 +448,31 @@ def test_hf_unknown_and_unmodelled_keys() -> None:
     assert _field(_cfg("llama-3.1-8b") | {"attention_type": "mla"}) == "attention_type"
     # Neutral values of those keys are accepted.
     from_hf_config(_cfg("qwen2.5-7b") | {"num_experts": 0}, "x")
+
+
+def test_hf_windows_sinks_and_their_defaults() -> None:
+    """An absent sliding_window takes the config class's default (MistralConfig 4096), null means
+    none; Gemma 3 without layer_types keeps every sliding_window_pattern-th layer global."""
+    mistral = _cfg("mistral-7b")
+    del mistral["sliding_window"]
+    assert from_hf_config(mistral, "x").attention_window == 4096
+    assert from_hf_config(_cfg("mistral-7b") | {"sliding_window": None}, "x").attention_window == 0
+    gemma = _cfg("gemma-3-1b")
+    del gemma["sliding_window_pattern"]  # Gemma3TextConfig default 6
+    assert from_hf_config(gemma, "x").global_every == 6
+    every_third = from_hf_config(_cfg("gemma-3-1b") | {"sliding_window_pattern": 3}, "x")
+    assert [every_third.is_local_layer(i) for i in range(6)] == [True, True, False, True, True, False]
+    assert from_hf_config(_cfg("gemma-3-1b") | {"sliding_window_pattern": 1}, "x").attention_window == 0
+    oss = from_hf_config(_cfg("gpt-oss-20b"), "x")
+    assert oss.attention_sinks and oss.qkv_bias and oss.attn_out_bias and oss.mlp_bias
+    assert oss.moe is not None and oss.moe.router_bias and (oss.moe.num_experts, oss.moe.top_k) == (32, 4)
+    assert any("clamped SwiGLU" in a for a in oss.approximations)
+    # the checkpoint's legacy keys must agree with the ones transformers reads
+    assert _field(_cfg("gpt-oss-20b") | {"experts_per_token": 2}) == "experts_per_token"
+    assert _field(_cfg("gpt-oss-20b") | {"num_experts": 16}) == "num_experts"
+    # bidirectional attention (EmbeddingGemma) is refused, not costed as causal
+    assert _field(_cfg("gemma-3-1b") | {"use_bidirectional_attention": True}) == "use_bidirectional_attention"
+    from_hf_config(_cfg("gemma-3-1b") | {"use_bidirectional_attention": False}, "x")
 
 
 def test_hf_bad_values() -> None:

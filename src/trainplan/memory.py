@@ -1137,7 +1137,7 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
             n_lin = dev.dense_linear + dev.expert_linear
             # the parameters left 16-bit, FP32 after prepare_model_for_kbit_training
             other_b = 4.0 if recipe.kbit_fp32_upcast else wb
-            base = 0.5 * n_lin + other_b * dev.dense_other
+            base = 0.5 * n_lin + other_b * (dev.dense_other + dev.expert_other)
             # Per quantized weight tensor (bitsandbytes ``QuantState``): one absmax per quant_block
             # weights, FP32; with double quantization uint8, plus one FP32 scale per
             # double_quant_block absmax values and one FP32 offset.
@@ -1151,7 +1151,9 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         elif recipe.fp8_params:
             # TE fp8_model_init: the frozen linears are their FP8 data alone (Recipe.fp8_params);
             # embeddings, norms and the LM head stay 16-bit
-            base = BYTES_PER_ELEMENT["fp8"] * (dev.dense_linear + dev.expert_linear) + wb * dev.dense_other
+            base = BYTES_PER_ELEMENT["fp8"] * (dev.dense_linear + dev.expert_linear) + wb * (
+                dev.dense_other + dev.expert_other
+            )
         else:
             base = wb * dev.total
         frozen = base / g_dense if z >= 3 else base
@@ -1159,7 +1161,7 @@ def _model_states(model: ModelSpec, recipe: Recipe, layout: Layout, dev: DeviceP
         weights = frozen + adapter_wb * shard(trained_dense, trained_exp, 3)
         trainable = dev.lora_adapters
     else:
-        trained_dense, trained_exp = float(dev.dense), float(dev.expert_linear)
+        trained_dense, trained_exp = float(dev.dense), float(dev.expert)
         weights = wb * shard(trained_dense, trained_exp, 3)
         trainable = dev.total
 

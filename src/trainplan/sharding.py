@@ -79,6 +79,7 @@ class DeviceParams:
     dense_other: int  # embeddings, norms, biases, router, positions
     expert_linear: int
     lora_adapters: int  # adapter parameters on this device (0 unless LoRA)
+    expert_other: int = 0  # the routed experts' biases (gpt-oss): expert-parallel, not quantized
     largest_layer_unsharded: int  # biggest transformer layer on this device, before ZeRO-3 sharding
     largest_layer_adapters: int = 0  # LoRA adapters of that layer (not in largest_layer_unsharded)
     root_params: int = (
@@ -94,7 +95,12 @@ class DeviceParams:
 
     @property
     def total(self) -> int:
-        return self.dense_linear + self.dense_other + self.expert_linear
+        return self.dense_linear + self.dense_other + self.expert_linear + self.expert_other
+
+    @property
+    def expert(self) -> int:
+        """The routed experts' parameters: weights and biases."""
+        return self.expert_linear + self.expert_other
 
     @property
     def dense(self) -> int:
@@ -192,6 +198,8 @@ def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
         n += model.q_dim // tp + kv_cols // tp  # OLMo 2: norm over the whole (sharded) projection
     elif model.qk_norm:
         n += 2 * model.head_dim
+    if model.attention_sinks:
+        n += model.num_heads // tp  # one per query head: split with the heads
     if model.mla is not None:  # the latent RMSNorms, replicated
         n += (2 if model.norm == "layernorm" else 1) * (model.mla.kv_lora_rank + model.mla.q_lora_rank)
     moe_layer = model.is_moe_layer(layer)
@@ -203,7 +211,21 @@ def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
         n += h * model.moe.num_experts + (model.moe.num_experts if model.moe.router_bias else 0)
         if model.moe.shared_expert_gate:
             n += h
+        if model.mlp_bias:  # the shared experts' biases, split with their weights
+            width = model.moe.shared_width
+            n += model.moe.num_shared_experts * ((2 if model.gated else 1) * width // tp + h)
     return n
+
+
+def expert_bias_params(model: ModelSpec, layer: int, ep: int, etp: int) -> int:
+    """Biases of the routed experts of one MoE layer on one (ep, etp) rank: each local expert's
+    gate/up bias split over etp with its columns and its down bias (h) whole (gpt-oss
+    ``gate_up_proj_bias`` E×2w, ``down_proj_bias`` E×h); 0 without ``mlp_bias``."""
+    moe = model.moe
+    if moe is None or not model.mlp_bias or not model.is_moe_layer(layer):
+        return 0
+    width = moe.expert_ffn_hidden
+    return (moe.num_experts // ep) * ((2 if model.gated else 1) * width // etp + model.hidden_size)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -217,14 +239,16 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
     h, v = model.hidden_size, model.vocab_size
     layers = stage_layers(model, layout, stage)
     kinds = layer_kinds(model, layers)
-    dense_linear = expert_linear = other = adapters = 0
+    dense_linear = expert_linear = expert_other = other = adapters = 0
     largest = largest_adapters = 0
     linears: list[tuple[Linear, int]] = []
     for i, n_layers in kinds:
         lins = layer_linears(model, i, tp, ep, layout.expert_tp)
         linears += [(lin, n_layers) for lin in lins]
         lay_other = layer_other_params(model, i, tp)
-        lay_total = lay_other
+        expert_bias = expert_bias_params(model, i, ep, layout.expert_tp)
+        expert_other += expert_bias * n_layers  # expert-parallel like the experts' weights
+        lay_total = lay_other + expert_bias
         lay_adapters = 0
         adapted = lora_modules(model, lora.targets) if lora is not None else ()
         for lin in lins:
@@ -263,6 +287,7 @@ def device_params(model: ModelSpec, layout: Layout, stage: int, lora: LoRASpec |
         dense_linear=dense_linear,
         dense_other=other,
         expert_linear=expert_linear,
+        expert_other=expert_other,
         lora_adapters=adapters,
         largest_layer_unsharded=largest,
         largest_layer_adapters=largest_adapters,

@@ -97,6 +97,9 @@ STACK_OF: Final = {target: "megatron" if target in ("megatron", "nemo") else "py
 """The stack each target's engine runs: Megatron-LM's and Megatron Bridge's Megatron-Core modules,
 else PyTorch's own."""
 CAPACITY_TARGETS: Final = ("megatron", "nemo")
+HF_MODEL_TARGETS: Final = ("deepspeed", "accelerate")
+"""Targets that configure the launch around the user's own (Hugging Face) model rather than build
+the model from the plan's dimensions."""
 """The targets whose MoE layers pad experts to a capacity (Megatron-Core
 ``moe_expert_capacity_factor`` with ``moe_pad_expert_input_to_capacity``)."""
 NO_EXPORT_VENDORS: Final = {
@@ -145,6 +148,13 @@ def export_plan(
             f"{target} cannot express capacity-padded experts (its MoE layers are dropless); export to "
             f"{' or '.join(CAPACITY_TARGETS)} (--moe-expert-capacity-factor with "
             "--moe-pad-expert-input-to-capacity), or plan dropless (no --moe-capacity-factor)",
+        )
+    if model.attention_sinks and target not in HF_MODEL_TARGETS:
+        raise TrainplanError(
+            "model",
+            f"{target} builds its own model and {model.name}'s attention sinks (one learned logit per head, "
+            "gpt-oss) are not among the options this export writes; export to "
+            f"{' or '.join(HF_MODEL_TARGETS)}, which wrap the Hugging Face model as it is",
         )
     if recipe.mtp_layers and target != "megatron":
         raise TrainplanError(

@@ -23,6 +23,9 @@ Policy (documented in docs/models.md, "Hugging Face import"):
 * **Keys that change the architecture in ways not modelled are always errors** (even with
   ``strict=False``) unless their value is neutral: MoE keys on a dense model type, multi-head
   latent attention (``kv_lora_rank``...) outside the DeepSeek model types, multimodal sub-configs.
+* **Sliding windows and sinks** (Mistral v0.1, Gemma 2 and 3, Phi-3, gpt-oss): ``sliding_window``
+  and ``layer_types`` become ``ModelSpec.attention_window`` / ``global_every`` (:func:`_sliding_window`);
+  gpt-oss's per-head sink logits are ``attention_sinks``, its experts and router carry biases.
 * **DeepSeek-V2/V3 and Kimi K2** (``deepseek_v2``, ``deepseek_v3``, ``kimi_k2``): multi-head latent
   attention and DeepSeekMoE as transformers builds them (``models/deepseek_v3/modeling_deepseek_v3.py``:
   layer i is MoE iff i >= ``first_k_dense_replace``; ``moe_layer_freq`` other than 1 is refused).
@@ -93,6 +96,7 @@ _UNMODELLED: Final[dict[str, tuple[tuple[object, ...], str]]] = {
     "use_mrope": ((None, False), "multimodal rotary embedding marks a vision-language model"),
     "qk_layernorm": ((None, False), "q/k norms are not part of this model type"),
     "use_qk_norm": ((None, False), "q/k norms are not part of this model type"),
+    "use_bidirectional_attention": ((None, False), "bidirectional (non-causal) attention is not modelled"),
     "text_config": ((None,), "multimodal config: save its text_config object as its own config.json"),
     "vision_config": ((None,), "multimodal config: the vision tower is not modelled"),
 }
@@ -216,8 +220,11 @@ class _Family:
     act_default: str = "silu"
     qk_norm: str = "none"  # "none" | "head" (Qwen3) | "full" (OLMo 2)
     post_norms: bool = False
-    moe: str = "none"  # "none" | "mixtral" | "qwen"
+    moe: str = "none"  # "none" | "mixtral" | "qwen" | "gpt_oss"
     shared_expert: bool = False
+    attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
+    window_every_default: int = 0  # global_every without layer_types (Gemma 2: 2; Gemma 3: 6)
+    window_default: int | None = None  # the config class's sliding_window default (absent key)
     extra_ignored: frozenset[str] = frozenset()
 
 
@@ -230,7 +237,7 @@ _LLAMA_LIKE: Final[dict[str, _Family]] = {
     # models/mistral: num_key_value_heads=8 literal, no attention bias
     "mistral": _Family(
         kv_absent_means_heads=False, head_dim_derived=True, tied_default=False, max_pos_default=131072,
-        attention_bias="none",
+        attention_bias="none", window_default=4096,
     ),
     "mixtral": _Family(
         kv_absent_means_heads=False, head_dim_derived=True, tied_default=False, max_pos_default=131072,
@@ -264,9 +271,33 @@ _LLAMA_LIKE: Final[dict[str, _Family]] = {
     "gemma2": _Family(
         kv_absent_means_heads=False, head_dim_derived=False, tied_default=True, max_pos_default=8192,
         attention_bias="key", act_default="gelu_pytorch_tanh", post_norms=True,
+        window_every_default=2, window_default=4096,
+        extra_ignored=frozenset(
+            {"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"}
+        ),
+    ),
+    # models/gemma3 (Gemma3TextConfig, the text decoder of Gemma 3): Gemma 2's four norms per layer,
+    # per-head q/k RMSNorm (Gemma3Attention q_norm / k_norm over head_dim), head_dim=256 literal,
+    # num_key_value_heads=4 literal, five sliding-window layers per global one (sliding_window_pattern 6)
+    "gemma3_text": _Family(
+        kv_absent_means_heads=False, head_dim_derived=False, tied_default=True, max_pos_default=131072,
+        attention_bias="key", act_default="gelu_pytorch_tanh", post_norms=True, qk_norm="head",
+        window_every_default=6, window_default=4096,
         extra_ignored=frozenset(
             {"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-             "use_bidirectional_attention"}
+             "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"}
+        ),
+    ),
+    # models/gpt_oss: q, k, v, o with bias (attention_bias default true), a sink logit per head, every
+    # layer a MoE of num_local_experts experts of intermediate_size with biases (gate_up_proj_bias,
+    # down_proj_bias) and a router with bias; top num_experts_per_tok; sliding window on every other
+    # layer (layer_types default: sliding on the even layers)
+    "gpt_oss": _Family(
+        kv_absent_means_heads=True, head_dim_derived=True, tied_default=False, max_pos_default=131072,
+        attention_bias="key_true", moe="gpt_oss", attention_sinks=True, window_every_default=2, window_default=128,
+        extra_ignored=frozenset(
+            {"swiglu_limit", "swiglu_alpha", "experts_per_token", "initial_context_length", "rope_ntk_alpha",
+             "rope_ntk_beta", "rope_scaling_factor"}
         ),
     ),
     # models/phi3: fused qkv_proj / gate_up_proj without bias; attention_bias is not read by transformers
@@ -342,8 +373,8 @@ def _read_llama_like(r: _Reader, fam: _Family) -> dict[str, Any]:
         act_key = "hidden_act"
     kw["activation"] = _activation(r, act_key, r.opt_str(act_key, fam.act_default), gated=True)
 
-    if fam.attention_bias == "key":
-        bias = r.opt_bool("attention_bias", False)
+    if fam.attention_bias in ("key", "key_true"):
+        bias = r.opt_bool("attention_bias", fam.attention_bias == "key_true")
         kw["qkv_bias"] = kw["attn_out_bias"] = bias
     elif fam.attention_bias == "qkv":
         kw["qkv_bias"] = True
@@ -364,7 +395,39 @@ def _read_llama_like(r: _Reader, fam: _Family) -> dict[str, Any]:
         )
     elif fam.moe == "qwen":
         kw["moe"] = _read_qwen_moe(r, fam, kw["num_layers"])
+    elif fam.moe == "gpt_oss":
+        kw["moe"] = _read_gpt_oss_moe(r, kw["ffn_hidden"])
+        kw["mlp_bias"] = True
+    kw["attention_sinks"] = fam.attention_sinks
     return kw
+
+
+def _read_gpt_oss_moe(r: _Reader, width: int) -> MoESpec:
+    """gpt-oss (transformers models/gpt_oss ``GptOssMLP``): ``GptOssTopKRouter`` (weight E×h and a
+    bias of E) and ``GptOssExperts`` (``gate_up_proj`` E×h×2w with ``gate_up_proj_bias`` E×2w,
+    ``down_proj`` E×w×h with ``down_proj_bias`` E×h) on every layer, w = ``intermediate_size``.
+    The checkpoint's legacy ``experts_per_token`` must agree with ``num_experts_per_tok``."""
+    top_k = r.req_int("num_experts_per_tok")
+    legacy = r.cfg.get("experts_per_token")
+    if legacy is not None and legacy != top_k:
+        raise r._fail(
+            "experts_per_token",
+            f"experts_per_token {legacy!r} disagrees with num_experts_per_tok {top_k}; transformers reads "
+            "num_experts_per_tok: make them equal",
+        )
+    experts = r.req_int("num_local_experts")
+    alias = r.raw("num_experts")  # GptOssConfig.attribute_map: num_experts -> num_local_experts
+    if alias is not None and alias != experts:
+        raise r._fail(
+            "num_experts",
+            f"num_experts {alias!r} disagrees with num_local_experts {experts}: make them equal",
+        )
+    return MoESpec(
+        num_experts=experts,
+        top_k=top_k,
+        expert_ffn_hidden=width,
+        router_bias=True,
+    )
 
 
 def _read_qwen_moe(r: _Reader, fam: _Family, num_layers: int) -> MoESpec | None:
@@ -596,10 +659,14 @@ def _sliding_window(cfg: Mapping[str, Any], model_type: str, num_layers: int) ->
     ``sliding_window`` (Mistral, Mixtral, Phi-3: every layer; Gemma 2: the even layers,
     ``Gemma2DecoderLayer.is_sliding = not layer_idx % 2``); ``layer_types`` (newer transformers:
     one ``sliding_attention`` / ``full_attention`` per layer) must be every layer local, or every
-    n-th global; Qwen's ``use_sliding_window`` slides the layers from ``max_window_layers`` on,
+    n-th global; without ``layer_types``, Gemma 3 keeps every ``sliding_window_pattern``-th layer
+    global (default 6) and gpt-oss every other (its default ``layer_types``). An absent
+    ``sliding_window`` takes the config class's default (Mistral, Gemma 2 and 3: 4096; gpt-oss:
+    128); ``null`` means no window. Qwen's ``use_sliding_window`` slides the layers from ``max_window_layers`` on,
     which is modelled only when that leaves none sliding. A pattern not of this form is an error
     naming the key."""
-    window = cfg.get("sliding_window")
+    fam = _LLAMA_LIKE.get(model_type)
+    window = cfg.get("sliding_window", fam.window_default if fam else None)
     if model_type.startswith("qwen"):
         if not cfg.get("use_sliding_window", False):
             return 0, 0
@@ -620,7 +687,19 @@ def _sliding_window(cfg: Mapping[str, Any], model_type: str, num_layers: int) ->
         )
     types = cfg.get("layer_types")
     if types is None:
-        return window, 2 if model_type == "gemma2" else 0
+        every = fam.window_every_default if fam is not None else 0
+        if model_type == "gemma3_text":
+            # Gemma3TextConfig: layer i slides unless (i + 1) % sliding_window_pattern == 0
+            pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", every))
+            if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+                raise ModelError(
+                    "sliding_window_pattern",
+                    f"config.json: sliding_window_pattern must be a positive integer, got {pattern!r}",
+                )
+            if pattern == 1:
+                return 0, 0  # every layer global
+            every = pattern
+        return window, every
     if (
         not isinstance(types, list)
         or len(types) != num_layers
@@ -650,6 +729,12 @@ def _approximations(cfg: Mapping[str, Any], name: str) -> list[str]:
     out = []
     if cfg.get("model_type") == "opt" and cfg.get("do_layer_norm_before") is False:
         out.append(f"{name}: {OPT_POST_LN_APPROXIMATION}")
+    if cfg.get("model_type") == "gpt_oss":
+        out.append(
+            f"{name}: the experts' clamped SwiGLU (gate clamped, up clamped and shifted by 1, sigmoid gain "
+            "swiglu_alpha) costed as SwiGLU, and the attention sinks' extra softmax column not costed "
+            "(element-wise work beside the GEMMs)"
+        )
     capped = [k for k in ("attn_logit_softcapping", "final_logit_softcapping") if cfg.get(k)]
     if capped:
         out.append(

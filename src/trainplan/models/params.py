@@ -14,6 +14,7 @@ Per layer (pre-norm decoder, the module layout of Hugging Face ``modeling_llama.
     attention        = h·(a·d) + 2·h·(k·d) + (a·d)·h               q, k, v, o weights
                      + [qkv_bias]·(a·d + 2·k·d) + [attn_out_bias]·h
                      + [qk_norm]·(n(d) + n(d))      per head (Qwen3), or n(a·d) + n(k·d) (OLMo 2)
+                     + [attention_sinks]·a          one sink logit per head (gpt-oss)
     attention (MLA)  = h·r_q + r_q·a·(d_n+d_r) + h·(r_kv+d_r) + r_kv·a·(d_n+d_v) + a·d_v·h
                      + n(r_q) + n(r_kv)             q_a, q_b, kv_a, kv_b, o; q_a_layernorm, kv_a_layernorm
                                                     (r_q = 0: h·a·(d_n+d_r) and no n(r_q))
@@ -89,7 +90,8 @@ def _attention(spec: ModelSpec) -> int:
     ``LlamaAttention``: q h→a·d, k and v h→k·d, o a·d→h. Qwen2 sets bias on q, k, v only
     (``qkv_bias``); GPT-2 and GPT-NeoX also on the output projection (``attn_out_bias``).
     Qwen3 normalises each head of q and k (``q_norm``/``k_norm`` over d); OLMo 2 normalises
-    the whole projection (over a·d and k·d) — ``modeling_olmo2.py``. Multi-head latent attention
+    the whole projection (over a·d and k·d) — ``modeling_olmo2.py``. gpt-oss adds one sink logit
+    per head (``GptOssAttention.sinks``, shape ``[num_attention_heads]``). Multi-head latent attention
     (``DeepseekV3Attention``): the matrices of ``spec.attention_projections`` and the two latent
     RMSNorms (``q_a_layernorm`` over r_q, ``kv_a_layernorm`` over r_kv), no bias
     (``attention_bias`` false in every DeepSeek-V2/V3 and Kimi K2 config).
@@ -105,7 +107,7 @@ def _attention(spec: ModelSpec) -> int:
         qk = norm_params(spec.norm, q) + norm_params(spec.norm, kv)
     else:
         qk = 2 * norm_params(spec.norm, spec.head_dim)
-    return weights + bias + qk
+    return weights + bias + qk + (spec.num_heads if spec.attention_sinks else 0)
 
 
 def _mla_norm_params(spec: ModelSpec) -> int:
@@ -408,6 +410,7 @@ def layer_parameter_tensors(spec: ModelSpec, layer: int) -> int:
     qkv = 1 if fused else 3
     attn = qkv + 1 + (qkv if spec.qkv_bias else 0) + (1 if spec.attn_out_bias else 0)
     attn += 2 * _norm_tensors(spec) if spec.qk_norm else 0
+    attn += 1 if spec.attention_sinks else 0
     if spec.mla is not None:  # the projection weights and the latent norms (no qkv bias, no q/k norm)
         latent_norms = 1 + (1 if spec.mla.q_lora_rank else 0)
         attn = len(spec.attention_projections) + latent_norms * _norm_tensors(spec)
@@ -445,6 +448,8 @@ def layer_vector_tensors(spec: ModelSpec, layer: int) -> tuple[int, int]:
             elements += norm_params(spec.norm, spec.q_dim) + norm_params(spec.norm, spec.kv_dim)
         else:
             elements += 2 * norm_params(spec.norm, spec.head_dim)
+    if spec.attention_sinks:
+        count, elements = count + 1, elements + spec.num_heads
     if spec.mla is not None:
         count += (1 + (1 if spec.mla.q_lora_rank else 0)) * _norm_tensors(spec)
         elements += _mla_norm_params(spec)

@@ -177,6 +177,10 @@ class ModelSpec:
     """With ``attention_window``: every ``global_every``-th layer (1-based) attends globally, the
     others locally (Gemma 2 ``is_sliding = not layer_idx % 2``: 2; Gemma 3
     ``sliding_window_pattern``: 6); 0: every layer is local."""
+    attention_sinks: bool = False
+    """A learned sink logit per head (gpt-oss, ``GptOssAttention.sinks``: one parameter per query
+    head, a column the softmax normalises over and no value reads): ``num_heads`` parameters per
+    layer, no GEMM work."""
     source: str = ""  # where the architecture came from (config URL, paper table)
     notes: tuple[str, ...] = field(default_factory=tuple)
     approximations: tuple[str, ...] = field(default_factory=tuple)
@@ -238,6 +242,7 @@ class ModelSpec:
             "post_norms",
             "parallel_attn_mlp",
             "final_norm",
+            "attention_sinks",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ModelError(name, f"must be true or false, got {getattr(self, name)!r}")
@@ -278,7 +283,7 @@ class ModelSpec:
                 f"multi-head latent attention expands keys and values to every head: num_kv_heads must "
                 f"equal num_heads ({self.num_heads}), got {self.num_kv_heads}",
             )
-        for name in ("qkv_bias", "qk_norm", "parallel_attn_mlp"):
+        for name in ("qkv_bias", "qk_norm", "parallel_attn_mlp", "attention_sinks"):
             if getattr(self, name):
                 raise ModelError(name, f"{name} with multi-head latent attention is not modelled; drop it")
         if self.position != "rope":

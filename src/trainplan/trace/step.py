@@ -477,6 +477,10 @@ def check_supported(model: ModelSpec, recipe: Recipe, layout: Layout) -> None:
             f"sliding-window attention ({model.attention_window} tokens, shorter than the sequence) is not traced "
             "(the reference attention is full causal)"
         )
+    if model.attention_sinks:
+        raise UnsupportedConfig(
+            "attention sinks (gpt-oss) are not traced (the reference attention is PyTorch's SDPA, which has none)"
+        )
     if recipe.recompute_layers:
         raise UnsupportedConfig(
             "Megatron's block recompute (--recompute-layers) is not traced (the reference checkpointing wraps "
