@@ -470,6 +470,9 @@ def test_hf_windows_sinks_and_their_defaults() -> None:
     # the checkpoint's legacy keys must agree with the ones transformers reads
     assert _field(_cfg("gpt-oss-20b") | {"experts_per_token": 2}) == "experts_per_token"
     assert _field(_cfg("gpt-oss-20b") | {"num_experts": 16}) == "num_experts"
+    wrapper = {"model_type": "gemma3", "text_config": {"hidden_size": 2560}, "vision_config": {}}
+    with pytest.raises(ModelError, match="gemma-3-4b, gemma-3-12b or gemma-3-27b"):
+        from_hf_config(wrapper, "x")
     # bidirectional attention (EmbeddingGemma) is refused, not costed as causal
     assert _field(_cfg("gemma-3-1b") | {"use_bidirectional_attention": True}) == "use_bidirectional_attention"
     from_hf_config(_cfg("gemma-3-1b") | {"use_bidirectional_attention": False}, "x")

@@ -756,6 +756,13 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, *, strict: bool = True, so
     model_type = cfg.get("model_type")
     if model_type is None:
         raise ModelError("model_type", f"config.json: missing 'model_type'; supported: {supported}")
+    if model_type == "gemma3":
+        raise ModelError(
+            "model_type",
+            "config.json: model_type 'gemma3' is Gemma 3's vision-language wrapper (a SigLIP vision tower, "
+            "which is not modelled, and a text_config that leaves most keys to Gemma3TextConfig's defaults); "
+            "use the text-decoder presets gemma-3-4b, gemma-3-12b or gemma-3-27b",
+        )
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelError(
             "model_type", f"config.json: model_type {model_type!r} is not supported; supported: {supported}"
