@@ -621,3 +621,28 @@ def test_stage_gemm_efficiency_weights_every_layer_of_the_stage() -> None:
     assert dense != pytest.approx(moe, rel=1e-3)
     one_of_each = (per_layer[0][0] + per_layer[1][0]) / (per_layer[0][0] / dense + per_layer[1][0] / moe)
     assert got != pytest.approx(one_of_each, rel=1e-3)
+
+
+def test_window_layers_run_at_the_causal_curve_of_their_window() -> None:
+    """A banded kernel of window w wastes the masked tile pairs of a causal kernel of length w: with
+    every layer local (Mistral 7B v0.1, w 4096) the attention η at s 8192 is the causal curve's at
+    4096; with five of six local (Gemma 3) it is the FLOP-weighted harmonic blend of the two."""
+    from trainplan.attention import attention_efficiency
+    from trainplan.efficiency import get_efficiency
+    from trainplan.timing import GENERATION, attention_etas
+
+    h100, eff = get_accelerator("h100-sxm"), get_efficiency("h100-sxm")
+    recipe = Recipe(seq_len=8192)
+    gen = GENERATION["h100-sxm"]
+    at = {n: attention_efficiency(gen, recipe.stack, 128, n) for n in (1024, 4096, 8192)}
+    mistral = attention_etas(h100, recipe, eff, load_model("mistral-7b"), 1)
+    assert mistral.forward == pytest.approx(at[4096].forward, rel=1e-12)
+    assert mistral.backward == pytest.approx(at[4096].backward, rel=1e-12)
+    assert any("at length 4096" in n for n in mistral.notes)
+    full = attention_etas(h100, recipe, eff, load_model("mistral-7b-v0.2"), 1)
+    assert full.forward == pytest.approx(at[8192].forward, rel=1e-12)
+    gemma = attention_etas(h100, recipe, eff, load_model("gemma-3-27b"), 1)  # head dim 128, w 1024
+    f_local, f_global = 52 * (8192 * 1024 - 1024**2 / 2), 10 * 8192**2 / 2
+    blend = (f_local + f_global) / (f_local / at[1024].forward + f_global / at[8192].forward)
+    assert gemma.forward == pytest.approx(blend, rel=1e-12)
+    assert at[1024].forward < gemma.forward < at[8192].forward

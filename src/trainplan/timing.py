@@ -422,16 +422,38 @@ def attention_etas(
     if recipe.fp8_attention:
         # FP8 attention against the BF16 peak: capped at the FP8 GEMMs' fraction of the FP8 peak
         cap = eff.gemm_max("fp8") * acc.peak_flops_per_s("fp8") / acc.peak_flops_per_s(act)
-    notes = got.notes
-    if 0 < model.attention_window < recipe.seq_len:
+    forward, backward, notes = got.forward, got.backward, got.notes
+    w, s = model.attention_window, recipe.seq_len
+    if 0 < w < s:
+        # A banded kernel of window w runs B-row query blocks over w/B + 1 key blocks, two of them
+        # partly masked: B·(w + B) pairs computed per B·w useful, the waste of a causal kernel of
+        # length w (L·(L + B) per L²). So the local layers run at the causal curve at length w and
+        # the global ones at s; the pass's η is the FLOP-weighted harmonic blend of the two
+        # (cp = 1: a ring over a window is refused, flops.check_window_layout).
+        local = attention_efficiency(
+            GENERATION.get(acc.name, ""),
+            recipe.stack,
+            model.head_dim,
+            w,
+            1,
+            kernel="triton" if recipe.triton_attention else None,
+            fp8=recipe.fp8_attention,
+        )
+        n_local = sum(1 for i in range(model.num_layers) if model.is_local_layer(i))
+        f_local = n_local * (s * w - w * w / 2.0)  # query-key pairs per head (flops._attention_core_flops)
+        f_global = (model.num_layers - n_local) * s * s / 2.0
+        total = f_local + f_global
+        forward = total / (f_local / local.forward + f_global / got.forward)
+        backward = total / (f_local / local.backward + f_global / got.backward)
         notes = (
             *notes,
-            f"sliding-window attention ({model.attention_window} keys) on the local layers: their FLOPs are "
-            "counted over the window, at the causal kernel's efficiency at the sequence length "
-            "(windowed kernels not measured)",
+            *(n for n in local.notes if n not in notes),
+            f"sliding-window attention ({w} keys) on {n_local} of {model.num_layers} layers: their FLOPs are "
+            f"counted over the window, at the causal kernel's efficiency at length {w} (a banded kernel "
+            "wastes the masked tile pairs of a causal one of its window's length; windowed kernels not measured)",
         )
     return dataclasses.replace(
-        got, forward=min(got.forward, cap), backward=min(got.backward, cap), notes=notes
+        got, forward=min(forward, cap), backward=min(backward, cap), notes=tuple(notes)
     )
 
 
