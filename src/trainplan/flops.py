@@ -116,18 +116,24 @@ def _check_layer(spec: ModelSpec, layer_idx: int) -> None:
         raise LayoutError("layer", f"layer index {layer_idx} outside 0..{spec.num_layers - 1}")
 
 
+def causal_pairs(s: float, window: int = 0) -> float:
+    """Query-key pairs one head of a causal layer scores over ``s`` tokens: s²/2, or s·w − w²/2
+    with a sliding window of ``window`` = w < s keys (a local layer, ``ModelSpec.is_local_layer``;
+    the kernels skip the blocks outside the band, FlashAttention-2's ``window_size``: query i sees
+    min(i + 1, w) keys, the same continuous count as the causal half)."""
+    if 0 < window < s:
+        return s * window - window * window / 2.0
+    return s * s / 2.0
+
+
 def _attention_core_flops(
     spec: ModelSpec, b: float, s: float, causal: bool, width: int, window: int = 0
 ) -> float:
     """One of QKᵀ (``width`` = d) or PV (``width`` = d_v): 2·b·a·s²·width, halved for causal
-    masks (module docstring). A causal sliding window of ``window`` < s keys (a local layer,
-    ``ModelSpec.is_local_layer``; the kernels skip the blocks outside the band, FlashAttention-2's
-    ``window_size``) scores s·w − w²/2 query-key pairs per head instead of s²/2 (query i sees
-    min(i + 1, w) keys; the same continuous count as the causal half)."""
-    if causal and 0 < window < s:
-        return 2.0 * b * spec.num_heads * (s * window - window * window / 2.0) * width
-    full = 2.0 * b * spec.num_heads * s * s * width
-    return full / 2.0 if causal else full
+    masks (module docstring), over the band of a sliding window (:func:`causal_pairs`)."""
+    if causal:
+        return 2.0 * b * spec.num_heads * causal_pairs(s, window) * width
+    return 2.0 * b * spec.num_heads * s * s * width
 
 
 def capacity_slots(seq_len: int, top_k: int, num_experts: int, capacity_factor: float) -> int:

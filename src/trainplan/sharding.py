@@ -184,6 +184,12 @@ def _norm_params(model: ModelSpec) -> int:
     return model.hidden_size * (2 if model.norm == "layernorm" else 1)
 
 
+def _mlp_bias_params(model: ModelSpec, width: int, split: int) -> int:
+    """Biases of one MLP of inner width ``width`` on one of ``split`` ranks: the gate/up (or fc1)
+    bias split with its columns, the down (fc2) bias of h whole."""
+    return (2 if model.gated else 1) * width // split + model.hidden_size
+
+
 def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
     """Norms, biases, qk-norm and router of one layer on one tp rank."""
     h = model.hidden_size
@@ -204,16 +210,14 @@ def layer_other_params(model: ModelSpec, layer: int, tp: int) -> int:
         n += (2 if model.norm == "layernorm" else 1) * (model.mla.kv_lora_rank + model.mla.q_lora_rank)
     moe_layer = model.is_moe_layer(layer)
     if model.mlp_bias and not moe_layer:
-        width = model.ffn_hidden
-        n += (2 if model.gated else 1) * width // tp + h
+        n += _mlp_bias_params(model, model.ffn_hidden, tp)
     if moe_layer:
         assert model.moe is not None
         n += h * model.moe.num_experts + (model.moe.num_experts if model.moe.router_bias else 0)
         if model.moe.shared_expert_gate:
             n += h
         if model.mlp_bias:  # the shared experts' biases, split with their weights
-            width = model.moe.shared_width
-            n += model.moe.num_shared_experts * ((2 if model.gated else 1) * width // tp + h)
+            n += model.moe.num_shared_experts * _mlp_bias_params(model, model.moe.shared_width, tp)
     return n
 
 
@@ -224,8 +228,7 @@ def expert_bias_params(model: ModelSpec, layer: int, ep: int, etp: int) -> int:
     moe = model.moe
     if moe is None or not model.mlp_bias or not model.is_moe_layer(layer):
         return 0
-    width = moe.expert_ffn_hidden
-    return (moe.num_experts // ep) * ((2 if model.gated else 1) * width // etp + model.hidden_size)
+    return (moe.num_experts // ep) * _mlp_bias_params(model, moe.expert_ffn_hidden, etp)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -64,6 +64,7 @@ from trainplan.flops import (
     MoEGemmRouting,
     PassCost,
     StageFlops,
+    causal_pairs,
     device_flops,
     layer_gemms,
     moe_gemm_routing,
@@ -410,15 +411,19 @@ def attention_etas(
         return AttentionEfficiency(
             forward=eta, backward=eta, kernel="eager", generation="", assumed=False, notes=()
         )
-    got = attention_efficiency(
-        GENERATION.get(acc.name, ""),
-        recipe.stack,
-        model.head_dim,
-        recipe.seq_len,
-        cp,
-        kernel="triton" if recipe.triton_attention else None,
-        fp8=recipe.fp8_attention,
-    )
+
+    def curve(length: int, ranks: int) -> AttentionEfficiency:
+        return attention_efficiency(
+            GENERATION.get(acc.name, ""),
+            recipe.stack,
+            model.head_dim,
+            length,
+            ranks,
+            kernel="triton" if recipe.triton_attention else None,
+            fp8=recipe.fp8_attention,
+        )
+
+    got = curve(recipe.seq_len, cp)
     if recipe.fp8_attention:
         # FP8 attention against the BF16 peak: capped at the FP8 GEMMs' fraction of the FP8 peak
         cap = eff.gemm_max("fp8") * acc.peak_flops_per_s("fp8") / acc.peak_flops_per_s(act)
@@ -430,18 +435,10 @@ def attention_etas(
         # length w (L·(L + B) per L²). So the local layers run at the causal curve at length w and
         # the global ones at s; the pass's η is the FLOP-weighted harmonic blend of the two
         # (cp = 1: a ring over a window is refused, flops.check_window_layout).
-        local = attention_efficiency(
-            GENERATION.get(acc.name, ""),
-            recipe.stack,
-            model.head_dim,
-            w,
-            1,
-            kernel="triton" if recipe.triton_attention else None,
-            fp8=recipe.fp8_attention,
-        )
-        n_local = sum(1 for i in range(model.num_layers) if model.is_local_layer(i))
-        f_local = n_local * (s * w - w * w / 2.0)  # query-key pairs per head (flops._attention_core_flops)
-        f_global = (model.num_layers - n_local) * s * s / 2.0
+        local = curve(w, 1)
+        n_local = model.num_local_layers
+        f_local = n_local * causal_pairs(s, w)
+        f_global = (model.num_layers - n_local) * causal_pairs(s)
         total = f_local + f_global
         forward = total / (f_local / local.forward + f_global / got.forward)
         backward = total / (f_local / local.backward + f_global / got.backward)

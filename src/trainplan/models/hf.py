@@ -216,6 +216,7 @@ class _Family:
     tied_default: bool  # config class default of tie_word_embeddings
     max_pos_default: int  # config class default of max_position_embeddings
     attention_bias: str  # "none" | "qkv" (Qwen2) | "key" (attention_bias → q, k, v, o) | "qkv_key"
+    attention_bias_default: bool = False  # the class default of attention_bias (gpt-oss: true)
     mlp_bias_key: bool = False  # Llama's mlp_bias
     act_default: str = "silu"
     qk_norm: str = "none"  # "none" | "head" (Qwen3) | "full" (OLMo 2)
@@ -224,6 +225,7 @@ class _Family:
     shared_expert: bool = False
     attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
     window_every_default: int = 0  # global_every without layer_types (Gemma 2: 2; Gemma 3: 6)
+    window_pattern_key: bool = False  # Gemma 3: sliding_window_pattern overrides window_every_default
     window_default: int | None = None  # the config class's sliding_window default (absent key)
     extra_ignored: frozenset[str] = frozenset()
 
@@ -282,7 +284,7 @@ _LLAMA_LIKE: Final[dict[str, _Family]] = {
     "gemma3_text": _Family(
         kv_absent_means_heads=False, head_dim_derived=False, tied_default=True, max_pos_default=131072,
         attention_bias="key", act_default="gelu_pytorch_tanh", post_norms=True, qk_norm="head",
-        window_every_default=6, window_default=4096,
+        window_every_default=6, window_default=4096, window_pattern_key=True,
         extra_ignored=frozenset(
             {"hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
              "rope_local_base_freq", "sliding_window_pattern", "_sliding_window_pattern"}
@@ -294,7 +296,7 @@ _LLAMA_LIKE: Final[dict[str, _Family]] = {
     # layer (layer_types default: sliding on the even layers)
     "gpt_oss": _Family(
         kv_absent_means_heads=True, head_dim_derived=True, tied_default=False, max_pos_default=131072,
-        attention_bias="key_true", moe="gpt_oss", attention_sinks=True, window_every_default=2, window_default=128,
+        attention_bias="key", attention_bias_default=True, moe="gpt_oss", attention_sinks=True, window_every_default=2, window_default=128,
         extra_ignored=frozenset(
             {"swiglu_limit", "swiglu_alpha", "experts_per_token", "initial_context_length", "rope_ntk_alpha",
              "rope_ntk_beta", "rope_scaling_factor"}
@@ -373,8 +375,8 @@ def _read_llama_like(r: _Reader, fam: _Family) -> dict[str, Any]:
         act_key = "hidden_act"
     kw["activation"] = _activation(r, act_key, r.opt_str(act_key, fam.act_default), gated=True)
 
-    if fam.attention_bias in ("key", "key_true"):
-        bias = r.opt_bool("attention_bias", fam.attention_bias == "key_true")
+    if fam.attention_bias == "key":
+        bias = r.opt_bool("attention_bias", fam.attention_bias_default)
         kw["qkv_bias"] = kw["attn_out_bias"] = bias
     elif fam.attention_bias == "qkv":
         kw["qkv_bias"] = True
@@ -688,7 +690,7 @@ def _sliding_window(cfg: Mapping[str, Any], model_type: str, num_layers: int) ->
     types = cfg.get("layer_types")
     if types is None:
         every = fam.window_every_default if fam is not None else 0
-        if model_type == "gemma3_text":
+        if fam is not None and fam.window_pattern_key:
             # Gemma3TextConfig: layer i slides unless (i + 1) % sliding_window_pattern == 0
             pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", every))
             if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:

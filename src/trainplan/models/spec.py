@@ -387,6 +387,14 @@ class ModelSpec:
         """SwiGLU / GeGLU MLPs have three matrices (gate, up, down) instead of two."""
         return self.activation in ("swiglu", "geglu")
 
+    @property
+    def num_local_layers(self) -> int:
+        """Layers that attend through the sliding window (:meth:`is_local_layer`): every layer, or
+        all but every ``global_every``-th; 0 without a window."""
+        if not self.attention_window:
+            return 0
+        return self.num_layers - (self.num_layers // self.global_every if self.global_every else 0)
+
     def is_local_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (0-based) attends through the sliding window
         (:attr:`attention_window`, :attr:`global_every`)."""
